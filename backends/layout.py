@@ -1,0 +1,183 @@
+"""`SeqLayout`: where each request's queries and keys live (SPEC 1).
+
+Requests are concatenated along the token axis (TND). Every index an op takes or returns is a
+logical key position inside its request; the layout maps it to a physical cache row, either through
+`cu_seqlens_k` (ragged cache `[rows, D]`) or through `block_table` (paged cache `[nb, bs, D]`).
+Causality is right-down: query i of request b (which has T_b queries) sees key j iff
+`j <= seqlens_k[b] - T_b + i`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from backends.validation import check_tensor, fail
+
+
+@dataclass(eq=False)
+class SeqLayout:
+    """cu_seqlens_q: int32 [B+1]; seqlens_k: int32 [B]; exactly one of
+    cu_seqlens_k: int32 [B+1] (ragged cache) or block_table: int32 [B, max_blocks] (paged cache).
+
+    Value checks (monotone offsets, block ids in range, ...) need the values on the host; they run once
+    per layout object in `check(...)` and are cached, because one layout serves every layer of a step.
+    """
+
+    cu_seqlens_q: torch.Tensor
+    seqlens_k: torch.Tensor
+    cu_seqlens_k: torch.Tensor | None = None
+    block_table: torch.Tensor | None = None
+    _host: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        check_tensor("layout.cu_seqlens_q", self.cu_seqlens_q, dtype=torch.int32, ndim=1)
+        if self.cu_seqlens_q.shape[0] < 1:
+            fail("layout.cu_seqlens_q", "shape [B+1] with B >= 0 (at least one element)", self.cu_seqlens_q.shape)
+        b = self.cu_seqlens_q.shape[0] - 1
+        check_tensor("layout.seqlens_k", self.seqlens_k, dtype=torch.int32, shape=(b,))
+        if (self.cu_seqlens_k is None) == (self.block_table is None):
+            fail(
+                "layout",
+                "exactly one of cu_seqlens_k (ragged cache) or block_table (paged cache)",
+                "both" if self.cu_seqlens_k is not None else "neither",
+            )
+        if self.cu_seqlens_k is not None:
+            check_tensor("layout.cu_seqlens_k", self.cu_seqlens_k, dtype=torch.int32, shape=(b + 1,))
+        if self.block_table is not None:
+            check_tensor("layout.block_table", self.block_table, dtype=torch.int32, ndim=2)
+            if self.block_table.shape[0] != b:
+                fail("layout.block_table", f"shape [B={b}, max_blocks]", tuple(self.block_table.shape))
+        for name in ("seqlens_k", "cu_seqlens_k", "block_table"):
+            t = getattr(self, name)
+            if t is not None and t.device != self.cu_seqlens_q.device:
+                fail(f"layout.{name}", f"device {self.cu_seqlens_q.device} (as cu_seqlens_q)", t.device)
+
+    # -- derived facts -------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        return "ragged" if self.cu_seqlens_k is not None else "paged"
+
+    @property
+    def num_requests(self) -> int:
+        return self.seqlens_k.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.cu_seqlens_q.device
+
+    def host(self) -> dict[str, list]:
+        """Host copies of the small metadata tensors, made once."""
+        if not self._host:
+            self._host["cu_q"] = self.cu_seqlens_q.tolist()
+            self._host["seqlens_k"] = self.seqlens_k.tolist()
+            if self.cu_seqlens_k is not None:
+                self._host["cu_k"] = self.cu_seqlens_k.tolist()
+            else:
+                self._host["block_table"] = self.block_table.cpu()
+        return self._host
+
+    @property
+    def num_tokens(self) -> int:
+        return self.host()["cu_q"][-1]
+
+    @property
+    def max_seqlen_k(self) -> int:
+        s = self.host()["seqlens_k"]
+        return max(s) if s else 0
+
+    def check(self, num_tokens: int, cache: torch.Tensor, cache_name: str) -> None:
+        """Value checks against the query count and the cache this layout indexes (cached per cache shape)."""
+        key = ("checked", num_tokens, tuple(cache.shape))
+        if key in self._host:
+            return
+        h = self.host()
+        cu_q, seqlens_k = h["cu_q"], h["seqlens_k"]
+        if cu_q[0] != 0 or any(b < a for a, b in zip(cu_q, cu_q[1:])):
+            fail("layout.cu_seqlens_q", "non-decreasing offsets starting at 0", cu_q)
+        if cu_q[-1] != num_tokens:
+            fail("layout.cu_seqlens_q", f"last offset == number of query tokens T={num_tokens}", cu_q[-1])
+        if any(s < 0 for s in seqlens_k):
+            fail("layout.seqlens_k", "non-negative key counts", seqlens_k)
+        if self.cu_seqlens_k is not None:
+            if cache.dim() != 2:
+                fail(cache_name, "a ragged cache [rows, D] (the layout has cu_seqlens_k)", tuple(cache.shape))
+            cu_k, rows = h["cu_k"], cache.shape[0]
+            if cu_k[0] < 0 or any(b < a for a, b in zip(cu_k, cu_k[1:])):
+                fail("layout.cu_seqlens_k", "non-decreasing non-negative offsets", cu_k)
+            for b, s in enumerate(seqlens_k):
+                if cu_k[b] + s > cu_k[b + 1]:
+                    fail("layout.cu_seqlens_k", f"request {b}: cu_seqlens_k[b] + seqlens_k[b] <= cu_seqlens_k[b+1]",
+                         f"{cu_k[b]} + {s} > {cu_k[b + 1]}")
+            if cu_k[-1] > rows:
+                fail("layout.cu_seqlens_k", f"last offset <= cache rows ({rows})", cu_k[-1])
+        else:
+            if cache.dim() != 3:
+                fail(cache_name, "a paged cache [num_blocks, block_size, D] (the layout has block_table)",
+                     tuple(cache.shape))
+            nb, bs = cache.shape[0], cache.shape[1]
+            bt = h["block_table"]
+            for b, s in enumerate(seqlens_k):
+                need = -(-s // bs) if bs else 0
+                if need > bt.shape[1]:
+                    fail("layout.block_table", f"request {b}: >= {need} blocks for {s} keys of block size {bs}",
+                         f"{bt.shape[1]} columns")
+                used = bt[b, :need]
+                if need and (used.min() < 0 or used.max() >= nb):
+                    fail("layout.block_table", f"request {b}: block ids in [0, {nb}) for its {need} used blocks",
+                         used.tolist())
+        self._host[key] = True
+
+    # -- helpers used by references and adapters -----------------------------------------------
+    def request_bounds(self) -> list[tuple[int, int, int]]:
+        """[(q_start, q_end, seqlen_k)] per request."""
+        h = self.host()
+        cu_q = h["cu_q"]
+        return [(cu_q[b], cu_q[b + 1], h["seqlens_k"][b]) for b in range(self.num_requests)]
+
+    def physical_rows(self, b: int, positions: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        """Map logical positions (all valid, int64) of request b to rows of `cache.flatten(0, -2)`."""
+        if self.cu_seqlens_k is not None:
+            return positions + self.host()["cu_k"][b]
+        bs = cache.shape[1]
+        blocks = self.host()["block_table"][b].to(torch.int64)
+        return blocks[positions // bs] * bs + positions % bs
+
+    def to(self, device: torch.device | str) -> SeqLayout:
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return SeqLayout(move(self.cu_seqlens_q), move(self.seqlens_k), move(self.cu_seqlens_k),
+                         move(self.block_table))
+
+    @staticmethod
+    def from_lengths(q_lens: list[int], k_lens: list[int], *, block_size: int | None = None,
+                     num_blocks: int | None = None, device: str | torch.device = "cpu",
+                     block_order: list[int] | None = None) -> SeqLayout:
+        """Build a layout from per-request lengths: a compact ragged cache, or a paged one with blocks
+        assigned in `block_order` (default: consecutive)."""
+        if len(q_lens) != len(k_lens):
+            fail("k_lens", f"one length per request ({len(q_lens)})", len(k_lens))
+        cu_q = torch.tensor([0] + list(_cumsum(q_lens)), dtype=torch.int32, device=device)
+        sk = torch.tensor(k_lens, dtype=torch.int32, device=device)
+        if block_size is None:
+            cu_k = torch.tensor([0] + list(_cumsum(k_lens)), dtype=torch.int32, device=device)
+            return SeqLayout(cu_q, sk, cu_seqlens_k=cu_k)
+        need = [-(-s // block_size) for s in k_lens]
+        max_blocks = max(need, default=0)
+        total = sum(need)
+        order = list(range(total)) if block_order is None else list(block_order)
+        if len(order) < total:
+            fail("block_order", f"at least {total} block ids", len(order))
+        table = torch.full((len(k_lens), max(max_blocks, 1)), -1, dtype=torch.int32)
+        i = 0
+        for b, n in enumerate(need):
+            table[b, :n] = torch.tensor(order[i:i + n], dtype=torch.int32)
+            i += n
+        return SeqLayout(cu_q, sk, block_table=table.to(device))
+
+
+def _cumsum(xs: list[int]):
+    s = 0
+    for x in xs:
+        s += x
+        yield s

@@ -1,0 +1,57 @@
+"""The ops of the contract (SPEC 2), their dtype axes and validators, in one table.
+
+The conformance matrix's denominator is fixed by this table: every op x every value of its
+dtype axis, whatever a backend claims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from backends import validation as v
+
+FLOATS = ("float32", "bfloat16", "float16")
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    spec_section: str
+    dtype_axis: tuple[str, ...]
+    dtype_of: Callable[[dict[str, Any]], str]
+    validate: Callable[..., Any]
+    cache_arg: str | None = None  # the argument indexed through a SeqLayout, if any
+
+
+def _grouped_dtype(a: dict[str, Any]) -> str:
+    if a["x"].dtype == torch.int8:
+        return "w8a8" if a["w"].dtype == torch.int8 else "w4a8"
+    return dtype_name(a["x"].dtype)
+
+
+OPS: dict[str, OpSpec] = {
+    s.name: s
+    for s in (
+        OpSpec("indexer_logits", "2.1", FLOATS, lambda a: dtype_name(a["q"].dtype), v.check_indexer_logits, "k_cache"),
+        OpSpec("indexer_topk", "2.2", FLOATS, lambda a: dtype_name(a["q"].dtype), v.check_indexer_topk, "k_cache"),
+        OpSpec("topk", "2.3", FLOATS, lambda a: dtype_name(a["x"].dtype), v.check_topk),
+        OpSpec("sparse_mla_attention", "2.4", FLOATS, lambda a: dtype_name(a["q"].dtype),
+               v.check_sparse_mla_attention, "kv_cache"),
+        OpSpec("dynamic_quant_int8", "2.5", FLOATS, lambda a: dtype_name(a["x"].dtype), v.check_dynamic_quant_int8),
+        OpSpec("w8a8_matmul", "2.6", FLOATS, lambda a: dtype_name(a["out_dtype"]), v.check_w8a8_matmul),
+        OpSpec("w4a8_matmul", "2.7", FLOATS, lambda a: dtype_name(a["out_dtype"]), v.check_w4a8_matmul),
+        OpSpec("grouped_matmul", "2.8", FLOATS + ("w8a8", "w4a8"), _grouped_dtype, v.check_grouped_matmul),
+        OpSpec("linear_cross_entropy", "2.9", FLOATS, lambda a: dtype_name(a["h"].dtype),
+               v.check_linear_cross_entropy),
+    )
+}
+
+OP_NAMES: tuple[str, ...] = tuple(OPS)

@@ -1,0 +1,28 @@
+"""Reading keys out of a ragged or paged cache by logical position (SPEC 1)."""
+
+from __future__ import annotations
+
+import torch
+
+from backends.layout import SeqLayout
+
+
+def keys_of_request(cache: torch.Tensor, layout: SeqLayout, b: int, n: int) -> torch.Tensor:
+    """Logical keys 0..n-1 of request b as [n, D] (rows past them are never read)."""
+    if layout.kind == "ragged":
+        start = layout.host()["cu_k"][b]
+        return cache[start:start + n]
+    return gather_rows(cache, layout, b, torch.arange(n))
+
+
+def gather_rows(cache: torch.Tensor, layout: SeqLayout, b: int, positions: torch.Tensor) -> torch.Tensor:
+    """Rows of request b at valid logical `positions` (any shape, int64) -> [*positions.shape, D]."""
+    flat = cache.reshape(-1, cache.shape[-1])
+    rows = layout.physical_rows(b, positions.reshape(-1).to(torch.int64), cache)
+    return flat.index_select(0, rows.to(flat.device)).reshape(*positions.shape, cache.shape[-1])
+
+
+def causal_counts(t_b: int, s_b: int) -> torch.Tensor:
+    """Number of keys each of a request's t_b queries may see (right-down causality): [t_b] int64."""
+    i = torch.arange(t_b)
+    return (s_b - t_b + i + 1).clamp(0, s_b)

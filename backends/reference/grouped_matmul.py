@@ -1,0 +1,36 @@
+"""MoE grouped GEMM over expert-sorted rows (SPEC 2.8).
+
+    out[group_offsets[e] : group_offsets[e+1]] = x[same rows] @ w[e]^T     for every expert e
+
+Each row depends only on itself and its expert's weight, so token order inside an expert and empty
+experts change nothing. Quantized variants are the per-row W8A8 / W4A8 GEMMs of SPEC 2.6 / 2.7.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.counters import reference_op
+from backends.reference.w4a8_matmul import w4a8_matmul
+from backends.reference.w8a8_matmul import w8a8_matmul
+
+
+@reference_op("grouped_matmul")
+def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,
+                   x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
+                   group_size: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    m, n = x.shape[0], w.shape[1]                                        # x: [M, K], w: [E, N, K(/2)]
+    out_dtype = out_dtype or x.dtype
+    out = torch.zeros(m, n, dtype=out_dtype)
+    offs = group_offsets.tolist()
+    for e in range(w.shape[0]):
+        r = slice(offs[e], offs[e + 1])
+        if offs[e] == offs[e + 1]:
+            continue
+        if x.dtype.is_floating_point:
+            out[r] = (x[r].float() @ w[e].float().T).to(out_dtype)
+        elif w.dtype == torch.int8:
+            out[r] = w8a8_matmul(x[r], x_scale[r], w[e], w_scale[e], out_dtype=out_dtype)
+        else:
+            out[r] = w4a8_matmul(x[r], x_scale[r], w[e], w_scale[e], group_size, out_dtype=out_dtype)
+    return out

@@ -1,0 +1,47 @@
+"""Sparse MLA attention in the absorbed form (SPEC 2.4).
+
+    valid(t) = { j in indices[t] : 0 <= j < seqlens_k[b(t)] }
+    p[t,h,j] = sm_scale * dot(q[t,h], K_j)                 fp32
+    lse[t,h] = logsumexp_j p[t,h,j]                        natural log
+    out[t,h] = sum_j exp(p[t,h,j] - lse[t,h]) * K_j[:d_v]
+    empty valid(t): out = 0, lse = -inf
+
+Only rows named by a valid index are read (unused rows may hold NaN). Duplicates count twice.
+The backward is autograd of this forward (differentiable in q and kv_cache).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.counters import reference_op
+from backends.layout import SeqLayout
+from backends.reference._cache import gather_rows
+
+# Bound the gathered [tq, topk, d_qk] fp32 keys (elements).
+_GATHER_ELEMS = 1 << 24
+
+
+@reference_op("sparse_mla_attention")
+def sparse_mla_attention(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, layout: SeqLayout,
+                         sm_scale: float, d_v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    t, h, d_qk = q.shape                                                 # q: [T, H, d_qk]
+    n_idx = indices.shape[1]                                             # indices: [T, topk]
+    outs, lses = [], []
+    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
+        step = max(1, _GATHER_ELEMS // max(1, n_idx * d_qk))
+        for a in range(q0, q1, step):
+            z = min(a + step, q1)
+            idx = indices[a:z].to(torch.int64)                           # [tq, topk]
+            valid = (idx >= 0) & (idx < s)
+            keys = q.new_zeros((z - a, n_idx, d_qk), dtype=torch.float32)
+            keys = keys.index_put((valid,), gather_rows(kv_cache, layout, b, idx[valid]).float())
+            p = torch.einsum("thd,tkd->thk", q[a:z].float(), keys) * sm_scale
+            p = p.masked_fill(~valid[:, None, :], float("-inf"))         # [tq, H, topk]
+            lse = torch.logsumexp(p, dim=-1)                             # [tq, H]; -inf if no valid index
+            prob = torch.exp(p - torch.where(torch.isinf(lse) & (lse < 0), 0.0, lse)[..., None])
+            outs.append(torch.einsum("thk,tkd->thd", prob, keys[..., :d_v]))
+            lses.append(lse)
+    if not outs:
+        return q.new_zeros((t, h, d_v)), torch.full((t, h), float("-inf"))
+    return torch.cat(outs).to(q.dtype), torch.cat(lses)

@@ -1,0 +1,133 @@
+"""Backend registry: built-in backends by module path, out-of-tree ones by entry point.
+
+Nothing is silently absent: `available()` lists every known backend with ok and a reason, including
+the exception a broken import or a broken plugin raised. Selection is by name, or by `GLM5_BACKEND`,
+never by which module happened to be imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import traceback
+from dataclasses import dataclass
+from importlib import metadata
+
+from backends.errors import BackendUnavailable
+from backends.interface import Backend
+
+ENTRY_POINT_GROUP = "glm5.backends"
+DEFAULT_BACKEND = "reference"
+
+#: name -> "module:attribute" of the Backend subclass; imported lazily.
+BUILTIN: dict[str, str] = {
+    "reference": "backends.reference:ReferenceBackend",
+    "cuda": "backends.cuda:CudaBackend",
+    "ascend": "backends.ascend:AscendBackend",
+    "onnxruntime": "backends.onnxruntime:OnnxRuntimeBackend",
+}
+
+
+@dataclass
+class _Entry:
+    name: str
+    source: str  # "builtin" or "plugin <dist>"
+    backend: Backend | None
+    error: str | None
+
+
+_cache: dict[str, _Entry] = {}
+
+
+def _describe(exc: BaseException) -> str:
+    last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    where = f" (at {last[0].filename}:{last[0].lineno})" if last else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _instantiate(obj: object, name: str) -> Backend:
+    if isinstance(obj, type) and issubclass(obj, Backend):
+        inst = obj()
+    elif isinstance(obj, Backend):
+        inst = obj
+    elif callable(obj):
+        inst = obj()
+    else:
+        raise TypeError(f"entry point {name!r} gave {type(obj).__name__}, expected a Backend subclass, "
+                        "a Backend instance or a zero-argument factory")
+    if not isinstance(inst, Backend):
+        raise TypeError(f"entry point {name!r} produced {type(inst).__name__}, expected a backends.Backend")
+    if inst.name != name:
+        raise TypeError(f"backend registered as {name!r} calls itself {inst.name!r}")
+    return inst
+
+
+def _load_builtin(name: str) -> _Entry:
+    mod_name, attr = BUILTIN[name].split(":")
+    try:
+        cls = getattr(importlib.import_module(mod_name), attr)
+        return _Entry(name, "builtin", _instantiate(cls, name), None)
+    except Exception as exc:  # a broken import is reported, never hidden
+        return _Entry(name, "builtin", None, _describe(exc))
+
+
+def _plugin_entry_points() -> list[metadata.EntryPoint]:
+    return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def _load_plugin(ep: metadata.EntryPoint) -> _Entry:
+    dist = ep.dist.name if ep.dist is not None else "?"
+    source = f"plugin {dist} ({ep.value})"
+    if ep.name in BUILTIN:
+        return _Entry(ep.name, source, None, f"plugin name {ep.name!r} collides with a built-in backend")
+    try:
+        return _Entry(ep.name, source, _instantiate(ep.load(), ep.name), None)
+    except Exception as exc:
+        return _Entry(ep.name, source, None, _describe(exc))
+
+
+def _entries() -> dict[str, _Entry]:
+    for name in BUILTIN:
+        if name not in _cache:
+            _cache[name] = _load_builtin(name)
+    for ep in _plugin_entry_points():
+        if ep.name not in _cache:
+            _cache[ep.name] = _load_plugin(ep)
+    return _cache
+
+
+def refresh() -> None:
+    """Forget loaded backends (after installing a plugin in-process, or for tests)."""
+    _cache.clear()
+
+
+def available() -> list[tuple[str, bool, str]]:
+    """Every known backend as (name, ok, reason): built-ins first, then plugins."""
+    out = []
+    for name, e in _entries().items():
+        if e.backend is None:
+            out.append((name, False, f"failed to load [{e.source}]: {e.error}"))
+        else:
+            ok, reason = e.backend.available()
+            out.append((name, ok, reason if e.source == "builtin" else f"{reason} [{e.source}]"))
+    return out
+
+
+def names() -> list[str]:
+    return list(_entries())
+
+
+def get(name: str | None = None) -> Backend:
+    """The backend called `name`, else `$GLM5_BACKEND`, else "reference". Raises `BackendUnavailable`
+    (with the reason) if it is unknown or cannot run here."""
+    name = name or os.environ.get("GLM5_BACKEND") or DEFAULT_BACKEND
+    entries = _entries()
+    if name not in entries:
+        raise BackendUnavailable(f"unknown backend {name!r}; known: {', '.join(entries)}")
+    e = entries[name]
+    if e.backend is None:
+        raise BackendUnavailable(f"backend {name!r} failed to load [{e.source}]: {e.error}")
+    ok, reason = e.backend.available()
+    if not ok:
+        raise BackendUnavailable(f"backend {name!r} is not available: {reason}")
+    return e.backend

@@ -1,0 +1,248 @@
+"""Input validation shared by every backend (SPEC 2: a `ValueError` naming the argument, the
+expected and the actual shape/dtype/device).
+
+Each op has one `check_<op>` function; `Backend` calls it before dispatching, so a backend's own
+code may assume well-formed inputs and only has to decline (`NotSupported`) what it cannot serve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+import torch
+
+if TYPE_CHECKING:
+    from backends.layout import SeqLayout
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def fail(arg: str, expected: object, actual: object) -> NoReturn:
+    raise ValueError(f"{arg}: expected {expected}, got {actual}")
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def check_tensor(
+    name: str,
+    t: object,
+    *,
+    dtype: torch.dtype | Sequence[torch.dtype] | None = None,
+    ndim: int | Sequence[int] | None = None,
+    shape: Sequence[int | None] | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Check one tensor argument; `None` in `shape` matches any size."""
+    if not isinstance(t, torch.Tensor):
+        fail(name, "a torch.Tensor", type(t).__name__)
+    if dtype is not None:
+        allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
+        if t.dtype not in allowed:
+            want = allowed[0] if len(allowed) == 1 else "one of " + ", ".join(str(d) for d in allowed)
+            fail(name, f"dtype {want}", t.dtype)
+    if ndim is not None:
+        allowed_nd = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in allowed_nd:
+            fail(name, f"{' or '.join(str(n) for n in allowed_nd)} dims", f"shape {_shape(t)}")
+    if shape is not None:
+        if t.dim() != len(shape) or any(s is not None and s != a for s, a in zip(shape, t.shape)):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            fail(name, f"shape {want}", f"shape {_shape(t)}")
+    if device is not None and t.device != device:
+        fail(name, f"device {device}", t.device)
+    return t
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    if not items:
+        return
+    first_name, first = items[0]
+    for n, t in items[1:]:
+        if t.device != first.device:
+            fail(n, f"device {first.device} (as {first_name})", t.device)
+
+
+def check_int(name: str, v: object, *, min_value: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        fail(name, "an int", type(v).__name__)
+    if min_value is not None and v < min_value:
+        fail(name, f"an int >= {min_value}", v)
+    return v
+
+
+def _check_cache(name: str, cache: torch.Tensor, layout: SeqLayout, width: int, dtype) -> None:
+    want_nd = 2 if layout.kind == "ragged" else 3
+    check_tensor(name, cache, dtype=dtype, ndim=want_nd)
+    if cache.shape[-1] != width:
+        fail(name, f"last dim {width}", f"shape {_shape(cache)}")
+
+
+def _check_layout(layout: object, num_tokens: int, cache: torch.Tensor, cache_name: str) -> None:
+    from backends.layout import SeqLayout
+
+    if not isinstance(layout, SeqLayout):
+        fail("layout", "a backends.SeqLayout", type(layout).__name__)
+    if layout.device != cache.device:
+        fail("layout", f"device {cache.device} (as {cache_name})", layout.device)
+    layout.check(num_tokens, cache, cache_name)
+
+
+# -- one checker per op (SPEC 2.x) --------------------------------------------------------------
+
+
+def check_indexer_logits(q, k_cache, weights, layout) -> None:
+    check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
+    t, h_i, d_i = q.shape
+    check_tensor("k_cache", k_cache, ndim=(2, 3))
+    if k_cache.dtype != q.dtype:
+        fail("k_cache", f"dtype {q.dtype} (as q)", k_cache.dtype)
+    check_tensor("weights", weights, dtype=torch.float32, shape=(t, h_i))
+    check_same_device(q=q, k_cache=k_cache, weights=weights)
+    _check_layout(layout, t, k_cache, "k_cache")
+    _check_cache("k_cache", k_cache, layout, d_i, q.dtype)
+
+
+def check_indexer_topk(q, k_cache, weights, layout, topk) -> None:
+    check_indexer_logits(q, k_cache, weights, layout)
+    check_int("topk", topk, min_value=1)
+
+
+def check_topk(x, k, lengths) -> None:
+    check_tensor("x", x, dtype=FLOAT_DTYPES, ndim=2)
+    check_int("k", k, min_value=1)
+    if lengths is not None:
+        check_tensor("lengths", lengths, dtype=(torch.int32, torch.int64), shape=(x.shape[0],))
+        check_same_device(x=x, lengths=lengths)
+        if lengths.numel():
+            lo, hi = int(lengths.min()), int(lengths.max())
+            if lo < 0 or hi > x.shape[1]:
+                fail("lengths", f"values in [0, {x.shape[1]}] (columns of x)", f"range [{lo}, {hi}]")
+
+
+def check_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v) -> None:
+    check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
+    t, _, d_qk = q.shape
+    check_tensor("kv_cache", kv_cache, ndim=(2, 3))
+    if kv_cache.dtype != q.dtype:
+        fail("kv_cache", f"dtype {q.dtype} (as q)", kv_cache.dtype)
+    check_tensor("indices", indices, dtype=torch.int32, ndim=2)
+    if indices.shape[0] != t:
+        fail("indices", f"shape [T={t}, topk]", f"shape {_shape(indices)}")
+    check_same_device(q=q, kv_cache=kv_cache, indices=indices)
+    _check_layout(layout, t, kv_cache, "kv_cache")
+    _check_cache("kv_cache", kv_cache, layout, d_qk, q.dtype)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not (sm_scale == sm_scale):
+        fail("sm_scale", "a finite float", sm_scale)
+    if abs(float(sm_scale)) == float("inf"):
+        fail("sm_scale", "a finite float", sm_scale)
+    check_int("d_v", d_v, min_value=1)
+    if d_v > d_qk:
+        fail("d_v", f"<= d_qk ({d_qk})", d_v)
+
+
+def check_dynamic_quant_int8(x) -> None:
+    check_tensor("x", x, dtype=FLOAT_DTYPES, ndim=2)
+    if x.shape[1] < 1:
+        fail("x", "shape [M, K] with K >= 1", f"shape {_shape(x)}")
+
+
+def _check_epilogue(m: int, n: int, x_scale, w_scale_shape, w_scale, bias, out_dtype, **devs) -> None:
+    check_tensor("x_scale", x_scale, dtype=torch.float32, shape=(m,))
+    check_tensor("w_scale", w_scale, dtype=torch.float32, shape=w_scale_shape)
+    if bias is not None:
+        check_tensor("bias", bias, dtype=FLOAT_DTYPES, shape=(n,))
+    if out_dtype not in FLOAT_DTYPES:
+        fail("out_dtype", "one of torch.float32, torch.float16, torch.bfloat16", out_dtype)
+    check_same_device(x_scale=x_scale, w_scale=w_scale, bias=bias, **devs)
+
+
+def check_w8a8_matmul(x_q, x_scale, w_q, w_scale, bias, out_dtype) -> None:
+    check_tensor("x_q", x_q, dtype=torch.int8, ndim=2)
+    m, k = x_q.shape
+    check_tensor("w_q", w_q, dtype=torch.int8, ndim=2)
+    if w_q.shape[1] != k:
+        fail("w_q", f"shape [N, K={k}] (K as x_q)", f"shape {_shape(w_q)}")
+    n = w_q.shape[0]
+    _check_epilogue(m, n, x_scale, (n,), w_scale, bias, out_dtype, x_q=x_q, w_q=w_q)
+
+
+def _check_group_size(k: int, group_size) -> None:
+    check_int("group_size", group_size, min_value=1)
+    if k % group_size:
+        fail("group_size", f"a divisor of K={k}", group_size)
+
+
+def check_w4a8_matmul(x_q, x_scale, w_packed, w_scale, group_size, bias, out_dtype) -> None:
+    check_tensor("x_q", x_q, dtype=torch.int8, ndim=2)
+    m, k = x_q.shape
+    if k % 2:
+        fail("x_q", "an even K (two int4 weights per byte)", f"shape {_shape(x_q)}")
+    check_tensor("w_packed", w_packed, dtype=torch.uint8, ndim=2)
+    if w_packed.shape[1] != k // 2:
+        fail("w_packed", f"shape [N, K//2={k // 2}]", f"shape {_shape(w_packed)}")
+    n = w_packed.shape[0]
+    _check_group_size(k, group_size)
+    _check_epilogue(m, n, x_scale, (n, k // group_size), w_scale, bias, out_dtype, x_q=x_q, w_packed=w_packed)
+
+
+def check_grouped_matmul(x, w, group_offsets, x_scale, w_scale, group_size, out_dtype) -> str:
+    """Returns the variant: "float", "w8a8" or "w4a8" (chosen by the dtypes of x and w)."""
+    check_tensor("x", x, dtype=FLOAT_DTYPES + (torch.int8,), ndim=2)
+    m, k = x.shape
+    check_tensor("w", w, ndim=3)
+    e = w.shape[0]
+    check_tensor("group_offsets", group_offsets, dtype=(torch.int32, torch.int64), shape=(e + 1,))
+    check_same_device(x=x, w=w, group_offsets=group_offsets)
+    offs = group_offsets.tolist()
+    if offs[0] != 0 or offs[-1] != m or any(b < a for a, b in zip(offs, offs[1:])):
+        fail("group_offsets", f"non-decreasing offsets from 0 to M={m}", offs if len(offs) <= 16 else
+             f"[{offs[0]}, ..., {offs[-1]}] (length {len(offs)})")
+    if x.dtype in FLOAT_DTYPES:
+        if w.dtype != x.dtype:
+            fail("w", f"dtype {x.dtype} (as x)", w.dtype)
+        if w.shape[2] != k:
+            fail("w", f"shape [E, N, K={k}]", f"shape {_shape(w)}")
+        for name, v in (("x_scale", x_scale), ("w_scale", w_scale), ("group_size", group_size)):
+            if v is not None:
+                fail(name, "None for floating-point x", type(v).__name__)
+        if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
+            fail("out_dtype", "None or a float dtype", out_dtype)
+        return "float"
+    n = w.shape[1]
+    if out_dtype is None:
+        fail("out_dtype", "a float dtype for int8 x", None)
+    if w.dtype == torch.int8:
+        if w.shape[2] != k:
+            fail("w", f"shape [E, N, K={k}]", f"shape {_shape(w)}")
+        if group_size is not None:
+            fail("group_size", "None for W8A8 (per-channel scales)", group_size)
+        _check_epilogue(m, n, x_scale, (e, n), w_scale, None, out_dtype, x=x)
+        return "w8a8"
+    if w.dtype == torch.uint8:
+        if k % 2 or w.shape[2] != k // 2:
+            fail("w", f"packed int4 shape [E, N, K//2={k // 2}] with even K", f"shape {_shape(w)}")
+        _check_group_size(k, group_size)
+        _check_epilogue(m, n, x_scale, (e, n, k // group_size), w_scale, None, out_dtype, x=x)
+        return "w4a8"
+    fail("w", "dtype int8 (W8A8) or uint8 (packed int4, W4A8) for int8 x", w.dtype)
+
+
+def check_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
+    check_tensor("h", h, dtype=FLOAT_DTYPES, ndim=2)
+    n, d = h.shape
+    check_tensor("weight", weight, dtype=FLOAT_DTYPES, ndim=2)
+    if weight.shape[1] != d:
+        fail("weight", f"shape [V, D={d}]", f"shape {_shape(weight)}")
+    check_tensor("targets", targets, dtype=(torch.int64, torch.int32), shape=(n,))
+    check_same_device(h=h, weight=weight, targets=targets)
+    check_int("ignore_index", ignore_index)
+    v = weight.shape[0]
+    if n:
+        counted = targets[targets != ignore_index]
+        if counted.numel() and (int(counted.min()) < 0 or int(counted.max()) >= v):
+            fail("targets", f"values in [0, V={v}) or ignore_index={ignore_index}",
+                 f"range [{int(counted.min())}, {int(counted.max())}]")
