@@ -41,9 +41,9 @@ class Backend:
         return impl.caps if impl else None
 
     def kernel_calls(self) -> Counter[str]:
-        """Native work done so far, per op (kernel launches for device backends). The conformance
-        runner reads it before and after each case; 0 for a case means the backend's own code did not
-        run. The default counts entries into the backend's implementation."""
+        """Native work done so far, keyed by op or kernel family (kernel launches for device backends).
+        The conformance runner reads the total before and after each case; no increase means the
+        backend's own code did not run. The default counts entries into the backend's implementation."""
         return Counter(self.calls)
 
     def environment(self) -> dict[str, str]:

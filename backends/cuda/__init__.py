@@ -1,0 +1,79 @@
+"""The `cuda` backend: Triton kernels (kernels_cuda/) on NVIDIA GPUs, or on CPU tensors in Triton's
+interpreter when TRITON_INTERPRET=1 (set before import; CI uses it to prove kernel logic).
+
+Which file serves which op: backends/cuda/<op>.py (capabilities, reasons, adapter -> kernels_cuda.<op>).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from backends.interface import Backend
+from backends.cuda import (
+    dynamic_quant_int8,
+    grouped_matmul,
+    indexer_logits,
+    indexer_topk,
+    linear_cross_entropy,
+    sparse_mla_attention,
+    topk,
+    w4a8_matmul,
+    w8a8_matmul,
+)
+
+_MODULES = {
+    "indexer_logits": indexer_logits,
+    "indexer_topk": indexer_topk,
+    "topk": topk,
+    "sparse_mla_attention": sparse_mla_attention,
+    "dynamic_quant_int8": dynamic_quant_int8,
+    "w8a8_matmul": w8a8_matmul,
+    "w4a8_matmul": w4a8_matmul,
+    "grouped_matmul": grouped_matmul,
+    "linear_cross_entropy": linear_cross_entropy,
+}
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    # ops without an implementation are absent, so calling them raises NotSupported with that reason
+    ops = {op: mod.IMPL for op, mod in _MODULES.items() if mod.IMPL is not None}
+
+    def __init__(self) -> None:
+        super().__init__()
+        from kernels_cuda import interpreter_active
+
+        self.interpreted = interpreter_active()
+        self.device = "cpu" if self.interpreted else "cuda"
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            import triton
+        except ImportError as exc:
+            return False, f"triton is not installed ({exc}); pip install 'glm5-backends[cuda]'"
+        if self.interpreted:
+            return True, f"Triton {triton.__version__} interpreter on CPU tensors (TRITON_INTERPRET=1)"
+        if not torch.cuda.is_available():
+            return False, ("no CUDA device visible to torch; set TRITON_INTERPRET=1 before import to run the "
+                           "kernels on CPU tensors in Triton's interpreter")
+        return True, f"Triton {triton.__version__} on {torch.cuda.get_device_name()}"
+
+    def kernel_calls(self) -> Counter[str]:
+        from kernels_cuda import LAUNCHES
+
+        return Counter(LAUNCHES)
+
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
+        env["interpreter"] = str(self.interpreted).lower()
+        try:
+            import triton
+
+            env["triton"] = triton.__version__
+        except ImportError:
+            env["triton"] = "missing"
+        if not self.interpreted and torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name()
+        return env
