@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from backends.validation import check_tensor, fail
+from backends.validation import check_int, check_tensor, fail
 
 
 @dataclass(eq=False)
@@ -34,7 +34,11 @@ class SeqLayout:
     def __post_init__(self) -> None:
         check_tensor("layout.cu_seqlens_q", self.cu_seqlens_q, dtype=torch.int32, ndim=1)
         if self.cu_seqlens_q.shape[0] < 1:
-            fail("layout.cu_seqlens_q", "shape [B+1] with B >= 0 (at least one element)", self.cu_seqlens_q.shape)
+            fail(
+                "layout.cu_seqlens_q",
+                "shape [B+1] with B >= 0 (at least one element)",
+                self.cu_seqlens_q.shape,
+            )
         b = self.cu_seqlens_q.shape[0] - 1
         check_tensor("layout.seqlens_k", self.seqlens_k, dtype=torch.int32, shape=(b,))
         if (self.cu_seqlens_k is None) == (self.block_table is None):
@@ -108,25 +112,39 @@ class SeqLayout:
                 fail("layout.cu_seqlens_k", "non-decreasing non-negative offsets", cu_k)
             for b, s in enumerate(seqlens_k):
                 if cu_k[b] + s > cu_k[b + 1]:
-                    fail("layout.cu_seqlens_k", f"request {b}: cu_seqlens_k[b] + seqlens_k[b] <= cu_seqlens_k[b+1]",
-                         f"{cu_k[b]} + {s} > {cu_k[b + 1]}")
+                    fail(
+                        "layout.cu_seqlens_k",
+                        f"request {b}: cu_seqlens_k[b] + seqlens_k[b] <= cu_seqlens_k[b+1]",
+                        f"{cu_k[b]} + {s} > {cu_k[b + 1]}",
+                    )
             if cu_k[-1] > rows:
                 fail("layout.cu_seqlens_k", f"last offset <= cache rows ({rows})", cu_k[-1])
         else:
             if cache.dim() != 3:
-                fail(cache_name, "a paged cache [num_blocks, block_size, D] (the layout has block_table)",
-                     tuple(cache.shape))
+                fail(
+                    cache_name,
+                    "a paged cache [num_blocks, block_size, D] (the layout has block_table)",
+                    tuple(cache.shape),
+                )
             nb, bs = cache.shape[0], cache.shape[1]
+            if bs < 1:  # position p lives in block p // bs: a zero block size has no positions
+                fail(cache_name, "a paged cache [num_blocks, block_size >= 1, D]", tuple(cache.shape))
             bt = h["block_table"]
             for b, s in enumerate(seqlens_k):
-                need = -(-s // bs) if bs else 0
+                need = -(-s // bs)
                 if need > bt.shape[1]:
-                    fail("layout.block_table", f"request {b}: >= {need} blocks for {s} keys of block size {bs}",
-                         f"{bt.shape[1]} columns")
+                    fail(
+                        "layout.block_table",
+                        f"request {b}: >= {need} blocks for {s} keys of block size {bs}",
+                        f"{bt.shape[1]} columns",
+                    )
                 used = bt[b, :need]
                 if need and (used.min() < 0 or used.max() >= nb):
-                    fail("layout.block_table", f"request {b}: block ids in [0, {nb}) for its {need} used blocks",
-                         used.tolist())
+                    fail(
+                        "layout.block_table",
+                        f"request {b}: block ids in [0, {nb}) for its {need} used blocks",
+                        used.tolist(),
+                    )
         self._host[key] = True
 
     # -- helpers used by references and adapters -----------------------------------------------
@@ -146,13 +164,20 @@ class SeqLayout:
 
     def to(self, device: torch.device | str) -> SeqLayout:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return SeqLayout(move(self.cu_seqlens_q), move(self.seqlens_k), move(self.cu_seqlens_k),
-                         move(self.block_table))
+        return SeqLayout(
+            move(self.cu_seqlens_q), move(self.seqlens_k), move(self.cu_seqlens_k), move(self.block_table)
+        )
 
     @staticmethod
-    def from_lengths(q_lens: list[int], k_lens: list[int], *, block_size: int | None = None,
-                     num_blocks: int | None = None, device: str | torch.device = "cpu",
-                     block_order: list[int] | None = None) -> SeqLayout:
+    def from_lengths(
+        q_lens: list[int],
+        k_lens: list[int],
+        *,
+        block_size: int | None = None,
+        num_blocks: int | None = None,
+        device: str | torch.device = "cpu",
+        block_order: list[int] | None = None,
+    ) -> SeqLayout:
         """Build a layout from per-request lengths: a compact ragged cache, or a paged one with blocks
         assigned in `block_order` (default: consecutive)."""
         if len(q_lens) != len(k_lens):
@@ -162,6 +187,7 @@ class SeqLayout:
         if block_size is None:
             cu_k = torch.tensor([0] + list(_cumsum(k_lens)), dtype=torch.int32, device=device)
             return SeqLayout(cu_q, sk, cu_seqlens_k=cu_k)
+        check_int("block_size", block_size, min_value=1)
         need = [-(-s // block_size) for s in k_lens]
         max_blocks = max(need, default=0)
         total = sum(need)
@@ -171,7 +197,7 @@ class SeqLayout:
         table = torch.full((len(k_lens), max(max_blocks, 1)), -1, dtype=torch.int32)
         i = 0
         for b, n in enumerate(need):
-            table[b, :n] = torch.tensor(order[i:i + n], dtype=torch.int32)
+            table[b, :n] = torch.tensor(order[i : i + n], dtype=torch.int32)
             i += n
         return SeqLayout(cu_q, sk, block_table=table.to(device))
 

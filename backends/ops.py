@@ -40,17 +40,43 @@ def _grouped_dtype(a: dict[str, Any]) -> str:
 OPS: dict[str, OpSpec] = {
     s.name: s
     for s in (
-        OpSpec("indexer_logits", "2.1", FLOATS, lambda a: dtype_name(a["q"].dtype), v.check_indexer_logits, "k_cache"),
-        OpSpec("indexer_topk", "2.2", FLOATS, lambda a: dtype_name(a["q"].dtype), v.check_indexer_topk, "k_cache"),
+        OpSpec(
+            "indexer_logits",
+            "2.1",
+            FLOATS,
+            lambda a: dtype_name(a["q"].dtype),
+            v.check_indexer_logits,
+            "k_cache",
+        ),
+        OpSpec(
+            "indexer_topk", "2.2", FLOATS, lambda a: dtype_name(a["q"].dtype), v.check_indexer_topk, "k_cache"
+        ),
         OpSpec("topk", "2.3", FLOATS, lambda a: dtype_name(a["x"].dtype), v.check_topk),
-        OpSpec("sparse_mla_attention", "2.4", FLOATS, lambda a: dtype_name(a["q"].dtype),
-               v.check_sparse_mla_attention, "kv_cache"),
-        OpSpec("dynamic_quant_int8", "2.5", FLOATS, lambda a: dtype_name(a["x"].dtype), v.check_dynamic_quant_int8),
+        OpSpec(
+            "sparse_mla_attention",
+            "2.4",
+            FLOATS,
+            lambda a: dtype_name(a["q"].dtype),
+            v.check_sparse_mla_attention,
+            "kv_cache",
+        ),
+        OpSpec(
+            "dynamic_quant_int8",
+            "2.5",
+            FLOATS,
+            lambda a: dtype_name(a["x"].dtype),
+            v.check_dynamic_quant_int8,
+        ),
         OpSpec("w8a8_matmul", "2.6", FLOATS, lambda a: dtype_name(a["out_dtype"]), v.check_w8a8_matmul),
         OpSpec("w4a8_matmul", "2.7", FLOATS, lambda a: dtype_name(a["out_dtype"]), v.check_w4a8_matmul),
         OpSpec("grouped_matmul", "2.8", FLOATS + ("w8a8", "w4a8"), _grouped_dtype, v.check_grouped_matmul),
-        OpSpec("linear_cross_entropy", "2.9", FLOATS, lambda a: dtype_name(a["h"].dtype),
-               v.check_linear_cross_entropy),
+        OpSpec(
+            "linear_cross_entropy",
+            "2.9",
+            FLOATS,
+            lambda a: dtype_name(a["h"].dtype),
+            v.check_linear_cross_entropy,
+        ),
     )
 }
 

@@ -53,8 +53,10 @@ def _instantiate(obj: object, name: str) -> Backend:
     elif callable(obj):
         inst = obj()
     else:
-        raise TypeError(f"entry point {name!r} gave {type(obj).__name__}, expected a Backend subclass, "
-                        "a Backend instance or a zero-argument factory")
+        raise TypeError(
+            f"entry point {name!r} gave {type(obj).__name__}, expected a Backend subclass, "
+            "a Backend instance or a zero-argument factory"
+        )
     if not isinstance(inst, Backend):
         raise TypeError(f"entry point {name!r} produced {type(inst).__name__}, expected a backends.Backend")
     if inst.name != name:

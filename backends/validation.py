@@ -199,8 +199,11 @@ def check_grouped_matmul(x, w, group_offsets, x_scale, w_scale, group_size, out_
     check_same_device(x=x, w=w, group_offsets=group_offsets)
     offs = group_offsets.tolist()
     if offs[0] != 0 or offs[-1] != m or any(b < a for a, b in zip(offs, offs[1:])):
-        fail("group_offsets", f"non-decreasing offsets from 0 to M={m}", offs if len(offs) <= 16 else
-             f"[{offs[0]}, ..., {offs[-1]}] (length {len(offs)})")
+        fail(
+            "group_offsets",
+            f"non-decreasing offsets from 0 to M={m}",
+            offs if len(offs) <= 16 else f"[{offs[0]}, ..., {offs[-1]}] (length {len(offs)})",
+        )
     if x.dtype in FLOAT_DTYPES:
         if w.dtype != x.dtype:
             fail("w", f"dtype {x.dtype} (as x)", w.dtype)
@@ -244,5 +247,8 @@ def check_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
     if n:
         counted = targets[targets != ignore_index]
         if counted.numel() and (int(counted.min()) < 0 or int(counted.max()) >= v):
-            fail("targets", f"values in [0, V={v}) or ignore_index={ignore_index}",
-                 f"range [{int(counted.min())}, {int(counted.max())}]")
+            fail(
+                "targets",
+                f"values in [0, V={v}) or ignore_index={ignore_index}",
+                f"range [{int(counted.min())}, {int(counted.max())}]",
+            )

@@ -11,7 +11,7 @@ def keys_of_request(cache: torch.Tensor, layout: SeqLayout, b: int, n: int) -> t
     """Logical keys 0..n-1 of request b as [n, D] (rows past them are never read)."""
     if layout.kind == "ragged":
         start = layout.host()["cu_k"][b]
-        return cache[start:start + n]
+        return cache[start : start + n]
     return gather_rows(cache, layout, b, torch.arange(n))
 
 

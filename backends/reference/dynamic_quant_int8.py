@@ -1,7 +1,7 @@
 """Per-row symmetric dynamic int8 quantization (SPEC 2.5; vLLM int8, torch_npu npu_dynamic_quant).
 
-    scale = max(amax_row, 1e-10) / 127
-    x_q   = clamp(round_half_even(x / scale), -127, 127)
+scale = max(amax_row, 1e-10) / 127
+x_q   = clamp(round_half_even(x / scale), -127, 127)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from backends.counters import reference_op
 
 @reference_op("dynamic_quant_int8")
 def dynamic_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    xf = x.float()                                                       # [M, K]
-    scale = xf.abs().amax(dim=1).clamp_min(1e-10) / 127                  # [M] fp32
+    xf = x.float()  # [M, K]
+    scale = xf.abs().amax(dim=1).clamp_min(1e-10) / 127  # [M] fp32
     x_q = torch.round(xf / scale[:, None]).clamp(-127, 127).to(torch.int8)  # torch.round is half-to-even
     return x_q, scale

@@ -16,10 +16,16 @@ from backends.reference.w8a8_matmul import w8a8_matmul
 
 
 @reference_op("grouped_matmul")
-def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,
-                   x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
-                   group_size: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    m, n = x.shape[0], w.shape[1]                                        # x: [M, K], w: [E, N, K(/2)]
+def grouped_matmul(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    group_offsets: torch.Tensor,
+    x_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+    group_size: int | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    m, n = x.shape[0], w.shape[1]  # x: [M, K], w: [E, N, K(/2)]
     out_dtype = out_dtype or x.dtype
     out = torch.zeros(m, n, dtype=out_dtype)
     offs = group_offsets.tolist()
@@ -28,7 +34,9 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor
         if offs[e] == offs[e + 1]:
             continue
         if x.dtype.is_floating_point:
-            out[r] = (x[r].float() @ w[e].float().T).to(out_dtype)
+            # fp64 so that a row does not depend on how many rows share its expert (an fp32 BLAS GEMM
+            # blocks by M, which changes the low bits: the contract says token order changes no row)
+            out[r] = (x[r].double() @ w[e].double().T).to(out_dtype)
         elif w.dtype == torch.int8:
             out[r] = w8a8_matmul(x[r], x_scale[r], w[e], w_scale[e], out_dtype=out_dtype)
         else:

@@ -20,24 +20,25 @@ _BLOCK_ELEMS = 1 << 25
 
 def score_block(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """q [tq, H_I, D_I], keys [s, D_I], weights [tq, H_I] -> [tq, s] fp32, no mask."""
-    dots = torch.einsum("thd,sd->ths", q.float(), keys.float())          # [tq, H_I, s]
+    dots = torch.einsum("thd,sd->ths", q.float(), keys.float())  # [tq, H_I, s]
     return torch.einsum("ths,th->ts", torch.relu(dots), weights.float())
 
 
 @reference_op("indexer_logits")
-def indexer_logits(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor,
-                   layout: SeqLayout) -> torch.Tensor:
-    t, h_i, _ = q.shape                                                  # q: [T, H_I, D_I]
+def indexer_logits(
+    q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, layout: SeqLayout
+) -> torch.Tensor:
+    t, h_i, _ = q.shape  # q: [T, H_I, D_I]
     out = torch.full((t, layout.max_seqlen_k), float("-inf"), dtype=torch.float32)
     for b, (q0, q1, s) in enumerate(layout.request_bounds()):
         if q1 == q0 or s == 0:
             continue
-        keys = keys_of_request(k_cache, layout, b, s)                    # [S_b, D_I]
-        visible = causal_counts(q1 - q0, s)                              # [T_b]
+        keys = keys_of_request(k_cache, layout, b, s)  # [S_b, D_I]
+        visible = causal_counts(q1 - q0, s)  # [T_b]
         step = max(1, _BLOCK_ELEMS // (h_i * s))
         for a in range(q0, q1, step):
             z = min(a + step, q1)
-            scores = score_block(q[a:z], keys, weights[a:z])             # [tq, S_b]
-            causal = torch.arange(s)[None, :] < visible[a - q0:z - q0, None]
+            scores = score_block(q[a:z], keys, weights[a:z])  # [tq, S_b]
+            causal = torch.arange(s)[None, :] < visible[a - q0 : z - q0, None]
             out[a:z, :s] = scores.masked_fill(~causal, float("-inf"))
     return out

@@ -14,7 +14,8 @@ from backends.counters import reference_op
 from backends.layout import SeqLayout
 from backends.reference._cache import causal_counts, keys_of_request
 from backends.reference.indexer_logits import indexer_logits, score_block
-from backends.reference.topk import rule_order, topk as rule_topk
+from backends.reference.topk import rule_order
+from backends.reference.topk import topk as rule_topk
 
 QUERY_BLOCK = 128
 KEY_CHUNK = 2048
@@ -22,7 +23,7 @@ KEY_CHUNK = 2048
 
 def indexer_topk_naive(q, k_cache, weights, layout: SeqLayout, topk: int) -> torch.Tensor:
     """Materialises [T, S]; only for tests and small inputs."""
-    logits = indexer_logits(q, k_cache, weights, layout)                 # [T, S_max]
+    logits = indexer_logits(q, k_cache, weights, layout)  # [T, S_max]
     lengths = torch.zeros(q.shape[0], dtype=torch.int64)
     for q0, q1, s in layout.request_bounds():
         lengths[q0:q1] = causal_counts(q1 - q0, s)
@@ -31,32 +32,33 @@ def indexer_topk_naive(q, k_cache, weights, layout: SeqLayout, topk: int) -> tor
 
 @reference_op("indexer_topk")
 @torch.no_grad()
-def indexer_topk(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor,
-                 layout: SeqLayout, topk: int) -> torch.Tensor:
-    t = q.shape[0]                                                       # q: [T, H_I, D_I]
+def indexer_topk(
+    q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, layout: SeqLayout, topk: int
+) -> torch.Tensor:
+    t = q.shape[0]  # q: [T, H_I, D_I]
     out = torch.full((t, topk), -1, dtype=torch.int32)
     for b, (q0, q1, s) in enumerate(layout.request_bounds()):
         if q1 == q0 or s == 0:
             continue
-        keys = keys_of_request(k_cache, layout, b, s)                    # [S_b, D_I]
-        visible = causal_counts(q1 - q0, s)                              # [T_b]
+        keys = keys_of_request(k_cache, layout, b, s)  # [S_b, D_I]
+        visible = causal_counts(q1 - q0, s)  # [T_b]
         for a in range(q0, q1, QUERY_BLOCK):
             z = min(a + QUERY_BLOCK, q1)
-            out[a:z] = _block_topk(q[a:z], keys, weights[a:z], visible[a - q0:z - q0], topk)
+            out[a:z] = _block_topk(q[a:z], keys, weights[a:z], visible[a - q0 : z - q0], topk)
     return out
 
 
 def _block_topk(q, keys, weights, visible, topk) -> torch.Tensor:
     """Running top-k over key chunks for one query block; visible [tq] = causal key count per row."""
     tq = q.shape[0]
-    best_val = torch.empty(tq, 0)                                        # sorted by the rule
+    best_val = torch.empty(tq, 0)  # sorted by the rule
     best_idx = torch.empty(tq, 0, dtype=torch.int64)
     best_ok = torch.empty(tq, 0, dtype=torch.bool)
     for c0 in range(0, int(visible.max()), KEY_CHUNK):
         c1 = min(c0 + KEY_CHUNK, keys.shape[0])
         val = torch.cat([best_val, score_block(q, keys[c0:c1], weights)], dim=1)
         idx = torch.cat([best_idx, torch.arange(c0, c1).expand(tq, -1)], dim=1)
-        ok = torch.cat([best_ok, idx[:, best_idx.shape[1]:] < visible[:, None]], dim=1)
+        ok = torch.cat([best_ok, idx[:, best_idx.shape[1] :] < visible[:, None]], dim=1)
         # running entries all have lower indices than this chunk's, so ties stay index-ordered
         order = rule_order(val, ok)[:, :topk]
         best_val, best_idx, best_ok = val.gather(1, order), idx.gather(1, order), ok.gather(1, order)

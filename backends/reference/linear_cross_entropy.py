@@ -25,20 +25,20 @@ def _chunks(n: int, v: int):
 
 
 def linear_cross_entropy_naive(h, weight, targets, ignore_index=-100):
-    logits = h.float() @ weight.float().T                                # [N, V]
+    logits = h.float() @ weight.float().T  # [N, V]
     return torch.nn.functional.cross_entropy(logits, targets.long(), ignore_index=ignore_index)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, targets, ignore_index):
-        wf = weight.float()                                              # [V, D]
-        counted = targets != ignore_index                                # [N]
+        wf = weight.float()  # [V, D]
+        counted = targets != ignore_index  # [N]
         tgt = torch.where(counted, targets, 0).long()
         lse = torch.empty(h.shape[0])
         total = torch.zeros((), dtype=torch.float32)
         for r in _chunks(h.shape[0], weight.shape[0]):
-            logits = h[r].float() @ wf.T                                 # [n, V]
+            logits = h[r].float() @ wf.T  # [n, V]
             lse[r] = torch.logsumexp(logits, dim=-1)
             nll = lse[r] - logits.gather(1, tgt[r, None])[:, 0]
             total = total + nll[counted[r]].sum()
@@ -57,7 +57,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             scale = grad_loss.float() / count
             for r in _chunks(h.shape[0], weight.shape[0]):
                 hf = h[r].float()
-                p = torch.exp(hf @ wf.T - lse[r, None])                  # softmax [n, V]
+                p = torch.exp(hf @ wf.T - lse[r, None])  # softmax [n, V]
                 p[torch.arange(p.shape[0]), tgt[r]] -= 1.0
                 p = p * (counted[r, None] * scale)
                 grad_h[r] = p @ wf
@@ -66,6 +66,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 
 @reference_op("linear_cross_entropy")
-def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         ignore_index: int = -100) -> torch.Tensor:
+def linear_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
+) -> torch.Tensor:
     return _ChunkedLinearCrossEntropy.apply(h, weight, targets, ignore_index)

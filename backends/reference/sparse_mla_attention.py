@@ -23,22 +23,28 @@ _GATHER_ELEMS = 1 << 24
 
 
 @reference_op("sparse_mla_attention")
-def sparse_mla_attention(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, layout: SeqLayout,
-                         sm_scale: float, d_v: int) -> tuple[torch.Tensor, torch.Tensor]:
-    t, h, d_qk = q.shape                                                 # q: [T, H, d_qk]
-    n_idx = indices.shape[1]                                             # indices: [T, topk]
+def sparse_mla_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    layout: SeqLayout,
+    sm_scale: float,
+    d_v: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    t, h, d_qk = q.shape  # q: [T, H, d_qk]
+    n_idx = indices.shape[1]  # indices: [T, topk]
     outs, lses = [], []
     for b, (q0, q1, s) in enumerate(layout.request_bounds()):
         step = max(1, _GATHER_ELEMS // max(1, n_idx * d_qk))
         for a in range(q0, q1, step):
             z = min(a + step, q1)
-            idx = indices[a:z].to(torch.int64)                           # [tq, topk]
+            idx = indices[a:z].to(torch.int64)  # [tq, topk]
             valid = (idx >= 0) & (idx < s)
             keys = q.new_zeros((z - a, n_idx, d_qk), dtype=torch.float32)
             keys = keys.index_put((valid,), gather_rows(kv_cache, layout, b, idx[valid]).float())
             p = torch.einsum("thd,tkd->thk", q[a:z].float(), keys) * sm_scale
-            p = p.masked_fill(~valid[:, None, :], float("-inf"))         # [tq, H, topk]
-            lse = torch.logsumexp(p, dim=-1)                             # [tq, H]; -inf if no valid index
+            p = p.masked_fill(~valid[:, None, :], float("-inf"))  # [tq, H, topk]
+            lse = torch.logsumexp(p, dim=-1)  # [tq, H]; -inf if no valid index
             prob = torch.exp(p - torch.where(torch.isinf(lse) & (lse < 0), 0.0, lse)[..., None])
             outs.append(torch.einsum("thk,tkd->thd", prob, keys[..., :d_v]))
             lses.append(lse)

@@ -27,15 +27,18 @@ def rule_order(values: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
 
 @reference_op("topk")
 def topk(x: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    r, c = x.shape                                                       # x: [R, C]
+    r, c = x.shape  # x: [R, C]
     cols = torch.arange(c)
-    candidate = (cols[None, :] < lengths.to(torch.int64)[:, None]) if lengths is not None \
+    candidate = (
+        (cols[None, :] < lengths.to(torch.int64)[:, None])
+        if lengths is not None
         else torch.ones(r, c, dtype=torch.bool)
-    order = rule_order(x, candidate)[:, :k]                              # [R, min(k, C)]
+    )
+    order = rule_order(x, candidate)[:, :k]  # [R, min(k, C)]
     taken = candidate.gather(-1, order)
     indices = torch.where(taken, order, -1).to(torch.int32)
     values = torch.where(taken, x.gather(-1, order), torch.tensor(float("-inf"), dtype=x.dtype))
-    if k > c:                                                            # fewer columns than k: pad
+    if k > c:  # fewer columns than k: pad
         indices = torch.cat([indices, indices.new_full((r, k - c), -1)], dim=1)
         values = torch.cat([values, values.new_full((r, k - c), float("-inf"))], dim=1)
     return values, indices

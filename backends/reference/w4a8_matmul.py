@@ -36,15 +36,21 @@ def pack_int4(w: torch.Tensor) -> torch.Tensor:
 
 
 @reference_op("w4a8_matmul")
-def w4a8_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor,
-                group_size: int, bias: torch.Tensor | None = None,
-                out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    w = unpack_int4(w_packed)                                            # [N, K] int8
+def w4a8_matmul(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_packed: torch.Tensor,
+    w_scale: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    w = unpack_int4(w_packed)  # [N, K] int8
     m, n = x_q.shape[0], w.shape[0]
     total = torch.zeros(m, n, dtype=torch.float32)
     for g in range(x_q.shape[1] // group_size):
         cols = slice(g * group_size, (g + 1) * group_size)
-        acc_g = int_matmul_exact(x_q[:, cols], w[:, cols])               # [M, N], exact
+        acc_g = int_matmul_exact(x_q[:, cols], w[:, cols])  # [M, N], exact
         total = total + acc_g.float() * w_scale[None, :, g]
     out = x_scale[:, None] * total
     if bias is not None:

@@ -19,16 +19,27 @@ def int_matmul_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.double() @ b.double().T).to(torch.int64)
 
 
-def scale_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-                   bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    out = acc.float() * x_scale[:, None] * w_scale[None, :]              # fp32, in this order
+def scale_epilogue(
+    acc: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    out = acc.float() * x_scale[:, None] * w_scale[None, :]  # fp32, in this order
     if bias is not None:
         out = out + bias.float()[None, :]
     return out.to(out_dtype)
 
 
 @reference_op("w8a8_matmul")
-def w8a8_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    acc = int_matmul_exact(x_q, w_q)                                     # [M, N], exact
+def w8a8_matmul(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    acc = int_matmul_exact(x_q, w_q)  # [M, N], exact
     return scale_epilogue(acc, x_scale, w_scale, bias, out_dtype)

@@ -1,0 +1,72 @@
+"""Case generators, one module per op (`conformance/cases/<op>.py`), each exporting
+
+CASES: list[Case]                                  smoke, realistic, adversarial and errors cases
+batch_subset(args) -> (sub_args, pick) | None      rows/requests run alone for batch invariance;
+                                                   pick(full outputs) -> the matching rows
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+from collections.abc import Callable, Iterable
+from types import ModuleType
+
+from backends.ops import OP_NAMES, OPS
+from conformance.case import SUITE_SETS, Case
+
+
+def module(op: str) -> ModuleType:
+    if op not in OPS:
+        raise ValueError(f"op: expected one of {', '.join(OP_NAMES)}, got {op!r}")
+    return importlib.import_module(f"conformance.cases.{op}")
+
+
+def cases(op: str) -> list[Case]:
+    out = list(module(op).CASES)
+    seen = set()
+    for c in out:
+        if c.id in seen:
+            raise ValueError(f"duplicate case id {op}/{c.id}")
+        seen.add(c.id)
+    return out
+
+
+def batch_subset(op: str) -> Callable | None:
+    return getattr(module(op), "batch_subset", None)
+
+
+def dtypes_of(case: Case) -> tuple[str, ...]:
+    axis = OPS[case.op].dtype_axis
+    return axis if case.dtypes is None else tuple(d for d in axis if d in case.dtypes)
+
+
+def select(
+    ops: Iterable[str] | None = None,
+    suite: str = "full",
+    case_glob: str | None = None,
+    dtypes: Iterable[str] | None = None,
+) -> list[tuple[Case, str]]:
+    """Every (case, dtype) of the selection, in op-table order."""
+    if suite not in SUITE_SETS:
+        raise ValueError(f"suite: expected one of {', '.join(SUITE_SETS)}, got {suite!r}")
+    suites = SUITE_SETS[suite]
+    want = None if dtypes is None else set(dtypes)
+    ops = list(ops or OP_NAMES)
+    for op in ops:
+        module(op)  # an unknown op name raises here
+    known = {d for op in ops for d in OPS[op].dtype_axis}
+    if want is not None and want - known:
+        raise ValueError(
+            f"dtype: expected values of the selected ops' dtype axes {sorted(known)}, "
+            f"got {sorted(want - known)}"
+        )
+    out = []
+    for op in ops or OP_NAMES:
+        for c in cases(op):
+            if c.suite not in suites or (case_glob and not fnmatch.fnmatchcase(c.id, case_glob)):
+                continue
+            for dt in dtypes_of(c):
+                if want is None or dt in want:
+                    out.append((c, dt))
+    return out

@@ -1,0 +1,228 @@
+"""Reports of a conformance run: coverage matrix (fixed denominator: every op of `backends.ops.OPS` x
+every dtype of its axis, whatever is claimed), failures with their worst elements and repro line,
+claims checked both ways, determinism claims, unused manifest entries; as rich console output, JSON,
+JUnit XML and Markdown."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends.ops import OPS
+from conformance.result import FAILING, PASS, RAN, SKIPPED, UNSUPPORTED, XFAIL, Result
+
+
+@dataclass
+class BackendRun:
+    """Everything one backend's run produced."""
+
+    backend: str
+    environment: dict[str, str]
+    results: list[Result]
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    determinism: dict[str, Any] = field(default_factory=dict)
+    unused: list[str] = field(default_factory=list)
+    manifest: str | None = None
+
+
+def summary(runs: Sequence[BackendRun]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for run in runs:
+        c = Counter(r.status for r in run.results)
+        ran = sum(c[s] for s in RAN)
+        failing = sum(c[s] for s in FAILING)
+        out[run.backend] = {
+            "total": len(run.results),
+            "ran": ran,
+            "failing": failing,
+            **dict(sorted(c.items())),
+            "ok": failing == 0 and ran > 0,
+        }
+    return out
+
+
+def exit_code(runs: Sequence[BackendRun]) -> int:
+    """Non-zero on any failure, and when a selected backend ran zero cases (all skipped/unsupported)."""
+    if not runs:
+        return 1
+    return 0 if all(s["ok"] for s in summary(runs).values()) else 1
+
+
+def cell(results: Sequence[Result]) -> str:
+    """'12/12', 'unsupported', '10/12 (1 xfail, 1 unsupported)' or '-' (nothing selected)."""
+    if not results:
+        return "-"
+    c = Counter(r.status for r in results)
+    if c[UNSUPPORTED] == len(results):
+        return "unsupported"
+    ran = [r for r in results if r.status not in (UNSUPPORTED, SKIPPED)]
+    text = f"{c[PASS]}/{len(ran)}" if ran else "0/0"
+    extra = [f"{c[s]} {s.lower()}" for s in (XFAIL, UNSUPPORTED, SKIPPED) if c[s]]
+    return text + (f" ({', '.join(extra)})" if extra else "")
+
+
+def coverage(runs: Sequence[BackendRun]) -> list[dict[str, str]]:
+    """Rows (op, dtype) x one column per backend; the rows are fixed by the op table."""
+    rows = []
+    for op, spec in OPS.items():
+        for dt in spec.dtype_axis:
+            row = {"op": op, "dtype": dt}
+            for run in runs:
+                row[run.backend] = cell([r for r in run.results if r.op == op and r.dtype == dt])
+            rows.append(row)
+    return rows
+
+
+def failures(runs: Sequence[BackendRun]) -> list[Result]:
+    return [r for run in runs for r in run.results if r.status in FAILING]
+
+
+def to_json(runs: Sequence[BackendRun]) -> dict[str, Any]:
+    return {
+        "results": [r.to_json() for run in runs for r in run.results],
+        "environment": {run.backend: run.environment for run in runs},
+        "summary": summary(runs),
+        "coverage": coverage(runs),
+        "claims": [c for run in runs for c in run.claims],
+        "determinism": {run.backend: run.determinism for run in runs},
+        "manifest": {run.backend: {"path": run.manifest, "unused": run.unused} for run in runs},
+    }
+
+
+def write_json(runs: Sequence[BackendRun], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(to_json(runs), f, indent=1, default=str)
+
+
+def failure_text(r: Result) -> str:
+    lines = [f"{r.status} {r.backend} {r.op}/{r.dtype}/{r.case}: {r.message}"]
+    if r.inputs:
+        lines.append(f"  inputs: {r.inputs}")
+    for c in r.checks:
+        if not c.ok and c.worst:
+            lines.append(f"  worst elements of {c.output}:")
+            for w in c.worst:
+                lines.append(
+                    f"    at {w['index']}: actual {w['actual']!r}, expected {w['expected']!r}, "
+                    f"allowed {w['allowed']!r}"
+                )
+    lines.append(f"  repro: {r.repro}")
+    return "\n".join(lines)
+
+
+def write_junit(runs: Sequence[BackendRun], path: str) -> None:
+    root = ET.Element("testsuites")
+    for run in runs:
+        s = summary([run])[run.backend]
+        suite = ET.SubElement(
+            root,
+            "testsuite",
+            name=f"conformance.{run.backend}",
+            tests=str(len(run.results)),
+            failures=str(s.get("FAIL", 0) + s.get("XPASS", 0)),
+            errors=str(s.get("ERROR", 0)),
+            skipped=str(sum(s.get(k, 0) for k in (SKIPPED, UNSUPPORTED, XFAIL))),
+        )
+        for r in run.results:
+            tc = ET.SubElement(
+                suite,
+                "testcase",
+                classname=f"conformance.{run.backend}.{r.op}",
+                name=f"{r.op}/{r.dtype}/{r.case}",
+                time=f"{r.seconds:.4f}",
+            )
+            if r.status in ("FAIL", "XPASS"):
+                ET.SubElement(tc, "failure", message=r.message[:500]).text = failure_text(r)
+            elif r.status == "ERROR":
+                ET.SubElement(tc, "error", message=r.message[:500]).text = failure_text(r)
+            elif r.status in (SKIPPED, UNSUPPORTED, XFAIL):
+                ET.SubElement(tc, "skipped", message=f"{r.status}: {r.message}"[:500])
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def to_markdown(runs: Sequence[BackendRun]) -> str:
+    names = [run.backend for run in runs]
+    out = [
+        "# Conformance coverage",
+        "",
+        "Every op of the contract x every dtype of its axis, whatever each backend claims; a cell is "
+        "passed/ran.",
+        "",
+        "| op | dtype | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for row in coverage(runs):
+        out.append(f"| {row['op']} | {row['dtype']} | " + " | ".join(row[n] for n in names) + " |")
+    out += ["", "## Summary", ""]
+    for name, s in summary(runs).items():
+        out.append(f"- **{name}**: " + ", ".join(f"{k} {v}" for k, v in s.items() if k not in ("ok",)))
+    fails = failures(runs)
+    if fails:
+        out += ["", "## Failures", ""]
+        for r in fails:
+            out += ["```", failure_text(r), "```"]
+    claims = [c for run in runs for c in run.claims if c["verdict"] != "ok"]
+    if claims:
+        out += ["", "## Claims", ""]
+        out += [f"- {c['backend']} {c['op']}/{c['dtype']}: {c['verdict']}" for c in claims]
+    return "\n".join(out) + "\n"
+
+
+def write_markdown(runs: Sequence[BackendRun], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(to_markdown(runs))
+
+
+def render(runs: Sequence[BackendRun], console) -> None:
+    """The console report (rich)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="Conformance coverage (passed/ran per op x dtype)")
+    table.add_column("op")
+    table.add_column("dtype")
+    for run in runs:
+        table.add_column(run.backend)
+    for row in coverage(runs):
+        cells = []
+        for run in runs:
+            v = row[run.backend]
+            ok = v.split(" ")[0].split("/")
+            color = (
+                "dim"
+                if v in ("-", "unsupported")
+                else ("green" if len(ok) == 2 and ok[0] == ok[1] else "red")
+            )
+            cells.append(f"[{color}]{escape(v)}[/]")
+        table.add_row(row["op"], row["dtype"], *cells)
+    console.print(table)
+    for r in failures(runs):
+        console.print(f"[red]{escape(failure_text(r))}[/]", soft_wrap=True)
+    for run in runs:
+        for c in run.claims:
+            if c["verdict"] != "ok":
+                console.print(
+                    f"[yellow]claims[/] {run.backend} {c['op']}/{c['dtype']}: {escape(c['verdict'])}"
+                )
+        for op, d in run.determinism.items():
+            for what, v in d.items():
+                state = (
+                    "not claimed"
+                    if v["claimed"] is False
+                    else "not applicable"
+                    if v["claimed"] is None
+                    else f"{v['pass']} passed, {v['fail']} failed"
+                )
+                if v["claimed"] is not True or v["fail"]:
+                    console.print(f"[yellow]determinism[/] {run.backend} {op} {what}: {state}")
+        for u in run.unused:
+            console.print(f"[yellow]unused manifest entry[/] {run.backend} ({run.manifest}): {escape(u)}")
+    for name, s in summary(runs).items():
+        color = "green" if s["ok"] else "red"
+        text = ", ".join(f"{k} {v}" for k, v in s.items() if k != "ok")
+        why = "" if s["ran"] else " (zero cases ran: nothing was checked)"
+        console.print(f"[{color}]{name}: {text}{why}[/]")

@@ -1,0 +1,115 @@
+"""The runner: the reference passes; wrong backends are caught in the way they are wrong."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+import backends
+from backends.ops import OPS
+from conformance import cases
+from conformance.case import SUITES
+from conformance.result import FAIL, PASS, UNSUPPORTED
+from conformance.runner import Runner
+from tests.conformance import fakes
+
+
+def by_case(results):
+    return {(r.case, r.dtype): r for r in results}
+
+
+def test_every_op_has_every_suite_and_unique_ids():
+    for op in OPS:
+        cs = cases.cases(op)
+        assert {c.suite for c in cs} == set(SUITES), op
+        for c in cs:
+            assert c.op == op
+            assert cases.dtypes_of(c), f"{op}/{c.id} has no dtype of the axis"
+
+
+def test_inputs_are_seeded_by_op_and_case_id():
+    c = cases.cases("topk")[0]
+    assert c.seed == zlib.crc32(f"topk/{c.id}".encode())
+    a, b = c.inputs("float32"), c.inputs("float32")
+    assert a["x"].equal(b["x"])
+
+
+def test_reference_passes_smoke_and_its_kernels_run():
+    runner = Runner(backends.get("reference"))
+    results = runner.run(cases.select(suite="smoke"))
+    assert {r.op for r in results} == set(OPS)
+    bad = [f"{r.op}/{r.dtype}/{r.case}: {r.message}" for r in results if r.status != PASS]
+    assert not bad, bad
+    assert all(r.kernel_calls > 0 for r in results)
+    assert "--case smoke/" in results[0].repro and "--backend reference" in results[0].repro
+
+
+def test_fallback_to_the_reference_fails():
+    res = Runner(fakes.Fallback()).run(cases.select(["topk"], "smoke", dtypes=["float32"]))
+    assert res and all(r.status == FAIL and "fallback" in r.message for r in res)
+
+
+def test_writing_to_inputs_fails():
+    res = Runner(fakes.MutatesInput()).run(cases.select(["dynamic_quant_int8"], "smoke", dtypes=["float32"]))
+    assert res and all(r.status == FAIL and "modified its inputs" in r.message for r in res)
+
+
+def test_no_kernel_calls_fails():
+    res = Runner(fakes.NoKernel()).run(cases.select(["dynamic_quant_int8"], "smoke", dtypes=["float32"]))
+    assert res and all(r.status == FAIL and "did not rise" in r.message for r in res)
+
+
+def test_unclaimed_dtype_is_unsupported_and_the_claim_is_checked_both_ways():
+    runner = Runner(fakes.QuantOnlyFloat32())
+    res = by_case(runner.run(cases.select(["dynamic_quant_int8"], "quick")))
+    assert res[("smoke/random_m4_k32", "float32")].status == PASS
+    assert res[("smoke/random_m4_k32", "bfloat16")].status == UNSUPPORTED
+    verdicts = {c["dtype"]: c["verdict"] for c in runner.claims()}
+    assert verdicts["float32"] == "ok"
+    assert verdicts["bfloat16"].startswith("not claimed, but the implementation passes")
+
+
+def test_unclaimed_dtype_that_returns_fails():
+    res = Runner(fakes.IgnoresClaims()).run(cases.select(["dynamic_quant_int8"], "smoke", dtypes=["float16"]))
+    assert res and all(r.status == FAIL and "must raise NotSupported" in r.message for r in res)
+
+
+def test_claimed_dtype_that_fails_is_reported_with_worst_elements_and_repro():
+    runner = Runner(fakes.WrongRounding())
+    res = by_case(runner.run(cases.select(["dynamic_quant_int8"], "adversarial", "adversarial/round_half*")))
+    r = res[("adversarial/round_half_even_ties", "bfloat16")]
+    assert r.status == FAIL and "x_q" in r.message
+    worst = [c for c in r.checks if c.output == "x_q"][0].worst
+    assert worst and {"index", "actual", "expected", "allowed"} <= set(worst[0])
+    assert r.repro.endswith("--case adversarial/round_half_even_ties --dtype bfloat16")
+    assert {c["verdict"] for c in runner.claims() if c["dtype"] in ("float32", "bfloat16")} == {
+        "claimed, but failing"
+    }
+
+
+def test_false_determinism_claims_fail():
+    runner = Runner(fakes.Nondeterministic())
+    res = by_case(runner.run(cases.select(["grouped_matmul"], "smoke", dtypes=["float32"])))
+    r = res[("smoke/e4_m10_k32_n16_one_empty", "float32")]
+    assert r.status == FAIL
+    assert "run_to_run" in r.message and "batch_invariant" in r.message
+    assert [c for c in r.checks if c.output == "out"][0].ok  # numerically it is fine
+    assert runner.determinism["grouped_matmul"]["run_to_run"]["fail"] == 1
+
+
+def test_error_cases_need_the_named_argument():
+    res = Runner(backends.get("reference")).run(cases.select(suite="errors"))
+    assert len({r.op for r in res}) == len(OPS)
+    assert all(r.status == PASS and r.message.startswith("raised ValueError") for r in res), [
+        r.message for r in res if r.status != PASS
+    ]
+
+
+@pytest.mark.parametrize("op", ["indexer_logits", "sparse_mla_attention", "linear_cross_entropy"])
+def test_gradients_are_compared(op):
+    runner = Runner(backends.get("reference"))
+    case = next(c for c in cases.cases(op) if c.suite == "smoke" and c.grad_args)
+    res = runner.run_case(case, "float32")
+    assert res.status == PASS
+    assert {f"grad:{n}" for n in case.grad_args} <= set(res.metrics)
