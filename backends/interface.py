@@ -9,6 +9,7 @@ from the reference.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from collections.abc import Mapping
@@ -32,6 +33,8 @@ class Backend:
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
+        #: GLM5_VALIDATE=reference: also run the reference on every call and compare (backends/shadow.py)
+        self.shadow = os.environ.get("GLM5_VALIDATE", "") == "reference" and self.name != "reference"
 
     # -- what a backend declares ------------------------------------------------------------------
     def available(self) -> tuple[bool, str]:
@@ -88,7 +91,12 @@ class Backend:
         if why:
             raise NotSupported(why, backend=self.name, op=op)
         self.calls[op] += 1
-        return self.ops[op].fn(**args)
+        result = self.ops[op].fn(**args)
+        if self.shadow:
+            from backends.shadow import shadow_check
+
+            shadow_check(self.name, op, args, result, self.ops[op].caps.tie_rule)
+        return result
 
     # -- the ops (SPEC 2) -------------------------------------------------------------------------
     def indexer_logits(
