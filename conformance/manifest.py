@@ -9,7 +9,8 @@
     tolerances:
       - match: "sparse_mla_attention/bfloat16/*"
         output: out                              # optional: one output (or "grad:<arg>"); default all
-        atol: 1.0e-3                             # any of atol, rtol, global_max, ulps
+        atol: 1.0e-3                             # any of atol, rtol, global_max, ulps,
+                                                 # near_tie_rtol, near_tie_atol (indexer_topk)
         reason: "..."                             # required
 
 Entries that match no case of a run are reported as unused, so stale loosenings do not linger.
@@ -26,7 +27,7 @@ from typing import Any
 import yaml
 
 STATUSES = ("xfail", "skip")
-TOL_KEYS = ("atol", "rtol", "global_max", "ulps")
+TOL_KEYS = ("atol", "rtol", "global_max", "ulps", "near_tie_rtol", "near_tie_atol")
 
 
 class ManifestError(ValueError):
