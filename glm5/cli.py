@@ -11,6 +11,11 @@ import click
 SUBCOMMANDS: dict[str, str] = {
     "doctor": "glm5.doctor:doctor",
     "conformance": "conformance.cli:conformance",
+    "generate": "glm5.generate:generate_cmd",
+    "quantize": "quant.cli:quantize",
+    "export-onnx": "glm5.onnx_export.export:export_onnx",
+    "train": "glm5.train.cli:train",
+    "plan": "glm5.deploy.cli:plan",
 }
 
 

@@ -1,0 +1,83 @@
+"""Shared bits of the bench/bench_*.py scripts: device choice, timing, the result line.
+
+On a CUDA device the scripts time compiled kernels with CUDA events; without one they need `--tiny`, which
+switches Triton's interpreter on (before any kernel import) and runs tiny shapes on CPU tensors: that proves
+the script runs end to end, its figures mean nothing. Without a device and without `--tiny` a script exits
+0 with a "skipped" line, so `bench/gpu/run.sh` and CI can call every script unconditionally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def parse(description: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument(
+        "--tiny", action="store_true", help="tiny shapes; without a GPU runs under TRITON_INTERPRET=1"
+    )
+    p.add_argument("--runs", type=int, default=None, help="timed runs per measurement (median reported)")
+    p.add_argument("--json", default=None, help="append one JSON object per result to this file")
+    args = p.parse_args()
+    import torch
+
+    args.cuda = torch.cuda.is_available()
+    if not args.cuda:
+        if not args.tiny:
+            print(
+                json.dumps(
+                    {"bench": p.prog, "skipped": "no CUDA device (use --tiny to run interpreted on CPU)"}
+                )
+            )
+            sys.exit(0)
+        os.environ["TRITON_INTERPRET"] = "1"  # before kernels_cuda is imported
+    args.device = "cuda" if args.cuda else "cpu"
+    args.runs = args.runs or (10 if args.cuda else 2)
+    return args
+
+
+def median_ms(fn: Callable[[], Any], runs: int, cuda: bool, warmup: int = 2) -> float:
+    """Median wall time of `fn` in milliseconds over `runs` runs (CUDA events on a device)."""
+    import torch
+
+    for _ in range(warmup if cuda else 1):
+        fn()
+    times = []
+    for _ in range(runs):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def report(args: argparse.Namespace, record: dict[str, Any]) -> None:
+    """Print one result as a JSON line (and append it to --json)."""
+    import torch
+
+    record = {
+        "device": torch.cuda.get_device_name() if args.cuda else "cpu (Triton interpreter)",
+        "tiny": args.tiny,
+        "runs": args.runs,
+        **record,
+    }
+    line = json.dumps(record)
+    print(line, flush=True)
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(line + "\n")

@@ -1,0 +1,192 @@
+"""Hugging Face checkpoints: `config.json` + safetensors with the published `glm_moe_dsa` names,
+one file or shards with `model.safetensors.index.json`.
+
+In memory the routed experts are stacked (`mlp.experts.gate_proj [E, I, D]`) for grouped GEMM; on
+disk each expert has its own tensors (`mlp.experts.{e}.gate_proj.weight`). Every other name maps 1:1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from glm5.config import GLM5Config
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+_STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the model: every missing, unexpected and mis-shaped tensor by name."""
+
+    def __init__(self, missing: list[str], unexpected: list[str], mismatched: list[str]) -> None:
+        self.missing, self.unexpected, self.mismatched = missing, unexpected, mismatched
+        parts = []
+        for what, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", mismatched)):
+            if names:
+                shown = ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
+                parts.append(f"{len(names)} {what} tensor(s): {shown}")
+        super().__init__("checkpoint does not match the model: " + "; ".join(parts))
+
+
+def _hf_names(model: torch.nn.Module) -> Iterator[tuple[str, str, int | None]]:
+    """(checkpoint name, model state_dict name, expert index or None) for every stored tensor."""
+    tied = model.config.tie_word_embeddings
+    for name, p in model.state_dict(keep_vars=True).items():
+        if tied and name == "lm_head.weight":
+            continue
+        m = _STACKED.match(name)
+        if m:
+            for e in range(p.shape[0]):
+                yield f"{m.group(1)}.{e}.{m.group(2)}.weight", name, e
+        else:
+            yield name, name, None
+
+
+def _shared_copies(config: GLM5Config) -> dict[str, str]:
+    """DeepSeek-style checkpoints repeat the shared embedding and head inside each MTP layer."""
+    out = {}
+    for j in range(config.num_nextn_predict_layers):
+        pre = f"model.layers.{config.num_hidden_layers + j}"
+        out[f"{pre}.embed_tokens.weight"] = "model.embed_tokens.weight"
+        out[f"{pre}.shared_head.head.weight"] = "lm_head.weight"
+    return out
+
+
+def _weight_map(path: Path) -> dict[str, Path]:
+    index = path / INDEX_FILE
+    if index.is_file():
+        return {k: path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"path: no {INDEX_FILE} and no *.safetensors in {path}")
+    out = {}
+    for f in files:
+        with safe_open(f, framework="pt") as h:
+            out.update({k: f for k in h.keys()})
+    return out
+
+
+def _shape_of(handle: Any, name: str) -> tuple[int, ...]:
+    return tuple(handle.get_slice(name).get_shape())
+
+
+@torch.no_grad()
+def load_pretrained(
+    cls: type, path: str | Path, backend: Any, dtype: torch.dtype | None, strict: bool
+) -> Any:
+    path = Path(path)
+    raw = json.loads((path / "config.json").read_text())
+    config = GLM5Config.from_dict(raw)
+    dtype = dtype or _DTYPES.get(str(raw.get("dtype") or raw.get("torch_dtype")), torch.float32)
+    with torch.device("meta"):
+        model = cls(config, backend=backend, dtype=dtype)
+    device = model.backend.device
+    wmap = _weight_map(path)
+    expected = {hf: (sd, e) for hf, sd, e in _hf_names(model)}
+    params = model.state_dict(keep_vars=True)
+    copies = _shared_copies(config)
+    handles: dict[Path, Any] = {}
+
+    def handle(f: Path) -> Any:
+        if f not in handles:
+            handles[f] = safe_open(f, framework="pt", device="cpu")
+        return handles[f]
+
+    missing = sorted(set(expected) - set(wmap))
+    unexpected = sorted(k for k in wmap if k not in expected and k not in copies)
+    mismatched = []
+    for hf, (sd, e) in expected.items():
+        if hf in wmap:
+            want = tuple(params[sd].shape[1:] if e is not None else params[sd].shape)
+            got = _shape_of(handle(wmap[hf]), hf)
+            if got != want:
+                mismatched.append(f"{hf} (expected {list(want)}, got {list(got)})")
+    for hf, sd in copies.items():
+        if hf in wmap and _shape_of(handle(wmap[hf]), hf) != tuple(params[sd].shape):
+            mismatched.append(
+                f"{hf} (expected {list(params[sd].shape)} as {sd}, "
+                f"got {list(_shape_of(handle(wmap[hf]), hf))})"
+            )
+    if missing or mismatched or (unexpected and strict):
+        raise CheckpointError(missing, unexpected if strict else [], mismatched)
+    model.to_empty(device=device)
+    params = model.state_dict(keep_vars=True)  # to_empty made new parameters
+    for hf, (sd, e) in expected.items():
+        t = handle(wmap[hf]).get_tensor(hf)
+        (params[sd][e] if e is not None else params[sd]).copy_(t)
+    for hf, sd in copies.items():
+        if hf in wmap and not torch.equal(
+            handle(wmap[hf]).get_tensor(hf).to(params[sd].device, params[sd].dtype), params[sd]
+        ):
+            raise CheckpointError([], [], [f"{hf} (differs from {sd}, which the MTP layer shares)"])
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors under their checkpoint names (experts unstacked; copies, so shards never share
+    storage, which safetensors refuses)."""
+    params = model.state_dict()
+    return {
+        hf: (params[sd][e] if e is not None else params[sd]).detach().to("cpu").contiguous().clone()
+        for hf, sd, e in _hf_names(model)
+    }
+
+
+def save_pretrained(model: torch.nn.Module, path: str | Path, max_shard_size: int) -> None:
+    """Write into a temporary sibling directory, then rename it into place: a reader never sees half a
+    checkpoint, and an existing one is replaced only once the new one is complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        cfg = model.config.to_dict()
+        cfg["dtype"] = str(model.dtype).removeprefix("torch.")
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        tensors = hf_state_dict(model)
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        size = 0
+        for name, t in tensors.items():
+            n = t.numel() * t.element_size()
+            if shards[-1] and size + n > max_shard_size:
+                shards.append({})
+                size = 0
+            shards[-1][name] = t
+            size += n
+        if len(shards) == 1:
+            save_file(shards[0], tmp / SINGLE_FILE, metadata={"format": "pt"})
+        else:
+            wmap = {}
+            for i, shard in enumerate(shards):
+                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, tmp / fname, metadata={"format": "pt"})
+                wmap.update({k: fname for k in shard})
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            (tmp / INDEX_FILE).write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": wmap}, indent=2, sort_keys=True)
+                + "\n"
+            )
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.replace(path, old / path.name)
+        os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

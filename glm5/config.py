@@ -1,0 +1,189 @@
+"""`GLM5Config`: the Hugging Face `glm_moe_dsa` config as one dataclass (SPEC 5).
+
+Field names are the published ones, so `config.json` loads with `GLM5Config.from_dict` and
+`to_dict` writes a file Hugging Face tools read back. Presets live in `glm5/presets/<name>.yaml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRESET_DIR = Path(__file__).parent / "presets"
+MODEL_TYPE = "glm_moe_dsa"
+
+
+@dataclass
+class GLM5Config:
+    vocab_size: int = 154880
+    hidden_size: int = 6144
+    intermediate_size: int = 12288
+    num_hidden_layers: int = 78
+    num_attention_heads: int = 64
+    num_key_value_heads: int = 64
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 202752
+    rms_norm_eps: float = 1e-5
+    rope_parameters: dict = field(default_factory=lambda: {"rope_theta": 1e6, "rope_type": "default"})
+    rope_interleave: bool = True
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    # mla
+    q_lora_rank: int | None = 2048
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 192
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 256
+    # dsa
+    index_topk: int = 2048
+    index_n_heads: int = 32
+    index_head_dim: int = 128
+    indexer_rope_interleave: bool = True
+    indexer_types: list[str] | None = None
+    index_topk_freq: int = 1
+    index_skip_topk_offset: int = 2
+    index_topk_pattern: str | list[str] | None = None
+    # moe
+    n_routed_experts: int = 256
+    n_shared_experts: int = 1
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 2048
+    routed_scaling_factor: float = 2.5
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    first_k_dense_replace: int = 3
+    scoring_func: str = "sigmoid"
+    topk_method: str = "noaux_tc"
+    # mtp
+    num_nextn_predict_layers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.indexer_types is None:
+            self.indexer_types = _derive_indexer_types(self)
+        self.validate()
+
+    # -- derived facts ---------------------------------------------------------------------------
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def rope_theta(self) -> float:
+        return float(self.rope_parameters.get("rope_theta", 1e6))
+
+    @property
+    def sm_scale(self) -> float:
+        """Softmax scale of the attention: qk_head_dim ** -0.5 (0.0625 for GLM-5), not 576 ** -0.5."""
+        return self.qk_head_dim**-0.5
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Layers from first_k_dense_replace on (the MTP layers included) have a MoE MLP."""
+        return i >= self.first_k_dense_replace
+
+    def validate(self) -> None:
+        def bad(name: str, want: str, got: Any) -> None:
+            raise ValueError(f"{name}: expected {want}, got {got!r}")
+
+        if self.rope_parameters.get("rope_type", "default") != "default":
+            bad(
+                "rope_parameters.rope_type",
+                "'default' (GLM-5 uses no YaRN)",
+                self.rope_parameters.get("rope_type"),
+            )
+        if self.scoring_func != "sigmoid":
+            bad("scoring_func", "'sigmoid'", self.scoring_func)
+        if self.hidden_act != "silu":
+            bad("hidden_act", "'silu'", self.hidden_act)
+        if self.qk_rope_head_dim % 2 or self.qk_rope_head_dim > self.index_head_dim:
+            bad(
+                "qk_rope_head_dim", f"even and <= index_head_dim={self.index_head_dim}", self.qk_rope_head_dim
+            )
+        if len(self.indexer_types) != self.num_hidden_layers:
+            bad("indexer_types", f"{self.num_hidden_layers} entries (one per layer)", len(self.indexer_types))
+        if any(t not in ("full", "shared") for t in self.indexer_types):
+            bad("indexer_types", "entries 'full' or 'shared'", self.indexer_types)
+        if self.indexer_types and self.indexer_types[0] != "full":
+            bad(
+                "indexer_types",
+                "layer 0 'full' (a shared layer reuses an earlier full layer)",
+                self.indexer_types[0],
+            )
+        if self.n_routed_experts % self.n_group or not 1 <= self.topk_group <= self.n_group:
+            bad(
+                "n_group/topk_group",
+                f"n_group dividing n_routed_experts={self.n_routed_experts}, 1 <= topk_group <= n_group",
+                (self.n_group, self.topk_group),
+            )
+        if self.num_experts_per_tok > self.n_routed_experts:
+            bad(
+                "num_experts_per_tok",
+                f"<= n_routed_experts={self.n_routed_experts}",
+                self.num_experts_per_tok,
+            )
+        if self.index_topk < 1:
+            bad("index_topk", ">= 1", self.index_topk)
+
+    # -- I/O ---------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GLM5Config:
+        """From a Hugging Face config dict; unknown keys (dtype, architectures, ...) are ignored."""
+        mt = d.get("model_type", MODEL_TYPE)
+        if mt != MODEL_TYPE:
+            raise ValueError(f"model_type: expected {MODEL_TYPE!r}, got {mt!r}")
+        d = dict(d)
+        if "rope_parameters" not in d and "rope_theta" in d:  # transformers < 5 spelling
+            d["rope_parameters"] = {
+                "rope_theta": d["rope_theta"],
+                "rope_type": "default",
+                **(d.get("rope_scaling") or {}),
+            }
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(model_type=MODEL_TYPE, architectures=["GlmMoeDsaForCausalLM"], qk_head_dim=self.qk_head_dim)
+        return d
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> GLM5Config:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> GLM5Config:
+        """A preset from glm5/presets/<name>.yaml (yaml.safe_load), with field overrides."""
+        path = PRESET_DIR / f"{name}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+            raise ValueError(f"preset: expected one of {known}, got {name!r}")
+        d = yaml.safe_load(path.read_text()) or {}
+        d.update(overrides)
+        if overrides.get("num_hidden_layers") is not None and "indexer_types" not in overrides:
+            d.pop("indexer_types", None)  # re-derive for the new depth
+        return cls.from_dict(d)
+
+
+def _derive_indexer_types(c: GLM5Config) -> list[str]:
+    """Explicit `indexer_types`, else `index_topk_pattern` ("F"/"S" per layer), else every
+    `index_topk_freq`-th layer counted from `index_skip_topk_offset` is full (freq 1: all full)."""
+    n = c.num_hidden_layers
+    if c.index_topk_pattern is not None:
+        p = c.index_topk_pattern
+        table = {"F": "full", "S": "shared", "full": "full", "shared": "shared"}
+        try:
+            return [table[x] for x in p]
+        except KeyError as exc:
+            raise ValueError(f"index_topk_pattern: expected 'F'/'S' per layer, got {p!r}") from exc
+    freq = max(int(c.index_topk_freq or 1), 1)
+    off = int(c.index_skip_topk_offset)
+    return ["full" if max(i - off + 1, 0) % freq == 0 else "shared" for i in range(n)]

@@ -1,0 +1,207 @@
+"""`glm5 export-onnx`: the GLM-5 prefill graph (input_ids [B, S] -> logits [B, S, V]) as an ONNX model
+whose DSA, routing and expert ops are calls to the `glm5` ONNX functions (docs/onnx.md).
+
+The model is traced by `torch.onnx.export(dynamo=True)` with `ExportBackend`, whose ops are torch
+custom ops; the translation table maps each to its glm5 function, and the model then carries the
+function definitions (model-local functions, checked by `onnx.checker`). Shapes are static (one B
+and S per export: vendor compilers want them static, and the layout is built from them).
+`--inline` writes the model with the functions inlined, for toolchains that do not accept them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import onnx
+import onnx.inliner
+import torch
+from onnxscript import FLOAT, INT32, script
+from torch import nn
+
+from backends.onnxruntime.functions import DOMAIN, OPSET, function_closure
+from backends.onnxruntime.functions._opsets import TFloat, TOut, glm5
+from backends.onnxruntime.functions.grouped_matmul import grouped_matmul
+from backends.onnxruntime.functions.indexer_topk import indexer_topk_ragged
+from backends.onnxruntime.functions.sparse_mla_attention import sparse_mla_attention_ragged
+from backends.onnxruntime.functions.topk import topk
+from backends.onnxruntime.indexer_topk import KEY_CHUNK
+from glm5.onnx_export import custom_ops  # noqa: F401  (registers torch.ops.glm5_onnx.*)
+from glm5.onnx_export.custom_ops import ExportBackend
+
+
+def _sort_stable(self, stable=None, dim: int = -1, descending: bool = False):
+    """aten.sort.stable (the MoE's argsort of expert ids) as ONNX TopK over the whole axis: TopK breaks
+    ties by the lower index, which is exactly a stable sort."""
+    from onnxscript import opset18 as op
+
+    k = op.Reshape(op.Gather(op.Shape(self), op.Constant(value_int=dim)), op.Constant(value_ints=[1]))
+    values, indices = op.TopK(self, k, axis=dim, largest=1 if descending else 0, sorted=1)
+    return values, indices
+
+
+# torch.onnx traces through (inlines) the function a translation calls and keeps the calls one level
+# down, so each translation calls a one-node wrapper: what remains in the graph is a call to the op's
+# own glm5 function (`glm5.indexer_topk_ragged`, ...), as a vendor toolchain expects to see it.
+
+
+@script(glm5)
+def _topk(x: TFloat, k: int) -> tuple[TFloat, INT32]:
+    values, indices = topk(x, k=k)
+    return values, indices
+
+
+@script(glm5)
+def _indexer_topk(q, k_cache, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, topk: int, chunk: int) -> INT32:
+    return indexer_topk_ragged(
+        q, k_cache, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, topk=topk, chunk=chunk
+    )
+
+
+@script(glm5)
+def _attention(
+    q: TFloat, kv_cache, indices, cu_seqlens_q, seqlens_k, cu_seqlens_k, sm_scale: float, d_v: int
+) -> tuple[TFloat, FLOAT]:
+    out, lse = sparse_mla_attention_ragged(
+        q, kv_cache, indices, cu_seqlens_q, seqlens_k, cu_seqlens_k, sm_scale=sm_scale, d_v=d_v
+    )
+    return out, lse
+
+
+@script(glm5)
+def _grouped(x, w, group_offsets, out_dtype: int) -> TOut:
+    return grouped_matmul(x, w, group_offsets, out_dtype=out_dtype)
+
+
+def translation_table(key_chunk: int = KEY_CHUNK) -> dict:
+    """torch op -> ONNX translation used by the export."""
+
+    def indexer_topk(q, k_cache, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, topk: int):
+        return _indexer_topk(
+            q, k_cache, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, topk=topk, chunk=key_chunk
+        )
+
+    def grouped(x, w, group_offsets):
+        # out_dtype = dtype of x; the attribute takes the TensorProto type, read from x at trace time
+        return _grouped(x, w, group_offsets, out_dtype=int(x.dtype))
+
+    ops = torch.ops.glm5_onnx
+    return {
+        ops.topk.default: _topk,
+        ops.indexer_topk_ragged.default: indexer_topk,
+        ops.sparse_mla_attention_ragged.default: _attention,
+        ops.grouped_matmul.default: grouped,
+        torch.ops.aten.sort.stable: _sort_stable,
+    }
+
+
+class _Prefill(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids).logits
+
+
+def export_prefill(model, batch: int, seq_len: int, *, key_chunk: int = KEY_CHUNK) -> onnx.ModelProto:
+    """ONNX model of `model`'s prefill (no KV cache): input `input_ids` int64 [batch, seq_len] ->
+    `logits` [batch, seq_len, V] in the model's dtype. The model's backend is swapped for
+    `ExportBackend` while tracing and restored after."""
+    saved = model.backend
+    model.backend = ExportBackend()
+    try:
+        ids = torch.zeros(batch, seq_len, dtype=torch.int64)
+        program = torch.onnx.export(
+            _Prefill(model).eval(),
+            (ids,),
+            input_names=["input_ids"],
+            output_names=["logits"],
+            dynamo=True,
+            opset_version=OPSET,
+            custom_translation_table=translation_table(key_chunk),
+            optimize=False,
+            verbose=False,
+        )
+    finally:
+        model.backend = saved
+    proto = program.model_proto
+    used = {n.op_type for n in proto.graph.node if n.domain == DOMAIN}
+    del proto.functions[:]
+    proto.functions.extend(function_closure(sorted(used)))
+    proto.producer_name = "glm5-backends export-onnx"
+    proto.doc_string = (
+        f"GLM-5 prefill: input_ids int64 [{batch}, {seq_len}] -> logits [{batch}, {seq_len}, V]; "
+        f"DSA/MoE ops are {DOMAIN} functions (docs/onnx.md)"
+    )
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def run_onnx(proto: onnx.ModelProto, input_ids: torch.Tensor) -> torch.Tensor:
+    """Logits of `proto` in ONNX Runtime (CPU EP) for input_ids [B, S]."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(sess.run(["logits"], {"input_ids": input_ids.numpy()})[0])
+
+
+def _load(preset: str | None, checkpoint: str | None, dtype: torch.dtype):
+    from glm5.config import GLM5Config
+    from glm5.model import GLM5ForCausalLM
+
+    if checkpoint:
+        return GLM5ForCausalLM.from_pretrained(checkpoint, backend="reference", dtype=dtype)
+    return GLM5ForCausalLM(GLM5Config.from_preset(preset or "tiny"), backend="reference", dtype=dtype)
+
+
+@click.command("export-onnx")
+@click.option("--preset", default=None, help="Model preset (default: tiny) when no --checkpoint is given.")
+@click.option(
+    "--checkpoint",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="A Hugging Face glm_moe_dsa directory (config.json + safetensors).",
+)
+@click.option("--batch", type=int, default=1, show_default=True)
+@click.option("--seq-len", type=int, default=64, show_default=True)
+# float32 only: torch exports the absorbed-MLA einsums as ONNX Einsum, which has no bfloat16 in opset 18;
+# vendor compilers choose their own precision (ATC precision modes) from the float32 graph
+@click.option("--dtype", type=click.Choice(["float32"]), default="float32", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Where to write the .onnx model.")
+@click.option(
+    "--inline", is_flag=True, help="Also write <out>.inlined.onnx with every glm5 function inlined."
+)
+@click.option(
+    "--verify/--no-verify",
+    default=True,
+    show_default=True,
+    help="Run the model in ONNX Runtime and compare its logits with the reference backend's.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the verification input ids.")
+def export_onnx(preset, checkpoint, batch, seq_len, dtype, out, inline, verify, seed) -> None:
+    """Export the prefill graph (input_ids -> logits) with the glm5 ONNX functions."""
+    model = _load(preset, checkpoint, getattr(torch, dtype))
+    proto = export_prefill(model, batch, seq_len)
+    onnx.save(proto, out)
+    n_fn = len(proto.functions)
+    click.echo(f"wrote {out}: opset {OPSET}, {len(proto.graph.node)} nodes, {n_fn} {DOMAIN} functions")
+    if inline:
+        flat = onnx.inliner.inline_local_functions(proto)
+        onnx.checker.check_model(flat, full_check=True)
+        path = str(Path(out).with_suffix("")) + ".inlined.onnx"
+        onnx.save(flat, path)
+        click.echo(f"wrote {path}: {len(flat.graph.node)} nodes, no functions")
+    if verify:
+        ids = torch.randint(
+            0, model.config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed)
+        )
+        got = run_onnx(proto, ids)
+        with torch.no_grad():
+            want = model(ids).logits
+        err = (got.float() - want.float()).abs().max().item()
+        try:
+            torch.testing.assert_close(got, want)
+        except AssertionError as exc:
+            raise click.ClickException(f"ONNX Runtime logits differ from the reference: {exc}") from exc
+        click.echo(f"verified: ONNX Runtime logits match the reference backend (max abs diff {err:.3g})")

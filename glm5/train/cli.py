@@ -1,0 +1,103 @@
+"""`glm5 train`: train a preset (tiny on CPU in minutes) on the standard library's source bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from glm5.train.muon import MODES
+
+
+@click.command()
+@click.option("--config", "preset", default="tiny", show_default=True, help="Preset from glm5/presets/.")
+@click.option("--steps", default=200, show_default=True, type=int)
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Run directory.")
+@click.option("--deterministic", is_flag=True, help="Deterministic algorithms: reruns match bitwise.")
+@click.option(
+    "--resume", is_flag=True, help="Continue from OUT/checkpoints/latest (bit-exact if deterministic)."
+)
+@click.option("--backend", default=None, help="Backend name (default: $GLM5_BACKEND or reference).")
+@click.option("--optimizer", type=click.Choice(MODES), default="muon-split", show_default=True)
+@click.option("--stage", type=click.Choice(["warmup", "sparse"]), default="sparse", show_default=True)
+@click.option(
+    "--init", "init", default=None, type=click.Path(exists=True, file_okay=False), help="Start from a HF dir."
+)
+@click.option("--batch-size", default=8, show_default=True, type=int)
+@click.option("--seq-len", default=128, show_default=True, type=int)
+@click.option("--lr", default=3e-3, show_default=True, type=float)
+@click.option("--warmup-steps", default=20, show_default=True, type=int, help="Linear LR warm-up steps.")
+@click.option(
+    "--mtp-steps", default=1, show_default=True, type=int, help="MTP prediction steps (shared layer)."
+)
+@click.option("--eval-every", default=25, show_default=True, type=int)
+@click.option("--save-every", default=100, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--threads", default=1, show_default=True, type=int, help="torch intra-op threads (0: default)."
+)
+@click.option("--rollout-check/--no-rollout-check", default=True, show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def train(
+    preset,
+    steps,
+    out,
+    deterministic,
+    resume,
+    backend,
+    optimizer,
+    stage,
+    init,
+    batch_size,
+    seq_len,
+    lr,
+    warmup_steps,
+    mtp_steps,
+    eval_every,
+    save_every,
+    seed,
+    threads,
+    rollout_check,
+    quiet,
+) -> None:
+    """Train GLM-5 with Muon Split, MTP and the DSA stages; metrics.jsonl, loss.png, checkpoints in OUT."""
+    from glm5.train.loop import TrainConfig, Trainer
+    from glm5.train.plots import plot_metrics
+
+    cfg = TrainConfig(
+        preset=preset,
+        backend=backend,
+        steps=steps,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        optimizer=optimizer,
+        stage=stage,
+        mtp_steps=mtp_steps,
+        eval_every=eval_every,
+        save_every=save_every,
+        seed=seed,
+        deterministic=deterministic,
+        threads=threads or None,
+        init=init,
+    )
+    trainer = Trainer(cfg, out, resume=resume)
+    summary = trainer.run(progress=not quiet)
+    out = Path(out)
+    try:
+        plot_metrics(out / "metrics.jsonl", out / "loss.png", summary["init_eval_loss"])
+    except ImportError as exc:
+        click.echo(
+            f"loss.png not written: {exc} (install the 'train' extra: pip install matplotlib)", err=True
+        )
+    if rollout_check:
+        from glm5.train.rollout import rollout_check as check
+
+        prompts = trainer.heldout[0][:2, :32].to(trainer.device)
+        stats = check(trainer.model, prompts, 16, seed=seed, invariant=trainer.cfg.deterministic)
+        stats.pop("sampled")
+        summary["rollout"] = stats
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    click.echo(json.dumps(summary, indent=2))

@@ -1,0 +1,273 @@
+"""The training loop: LM + MTP losses, the DSA stage's indexer KL, Muon (Split) + AdamW, aux-loss-free
+expert balancing, held-out evaluation, metrics, atomic checkpoints and bit-exact resume.
+
+Stages (DeepSeek-V3.2 section 2.1, GLM-5): 'warmup' freezes everything but the indexers and trains them
+on the dense KL alone; 'sparse' trains the whole model on LM + MTP while the indexers learn the KL
+restricted to their selected keys (the indexer input is detached in the model, so the two never mix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from glm5.config import GLM5Config
+from glm5.model import GLM5ForCausalLM
+from glm5.train.data import VOCAB_MIN, ByteCorpus
+from glm5.train.dsa import STAGES, AttentionProbe, ExpertBalancer
+from glm5.train.losses import lm_and_mtp
+from glm5.train.muon import build_optimizers
+from glm5.train.state import latest_checkpoint, load_into, load_trainer_state, save_checkpoint
+
+
+@dataclass
+class TrainConfig:
+    preset: str = "tiny"
+    backend: str | None = None
+    steps: int = 200
+    batch_size: int = 8
+    seq_len: int = 128
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    optimizer: str = "muon-split"
+    stage: str = "sparse"
+    mtp_steps: int = 1
+    mtp_weight: float = 0.3
+    kl_weight: float = 1.0
+    balance_gamma: float = 1e-3
+    eval_every: int = 25
+    eval_batches: int = 4
+    save_every: int = 100
+    keep: int = 2
+    seed: int = 0
+    deterministic: bool = False
+    threads: int | None = 1
+    init: str | None = None  # start from this Hugging Face directory (e.g. before an indexer warm-up)
+    max_bytes: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise ValueError(f"stage: expected one of {STAGES}, got {self.stage!r}")
+        if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
+            raise ValueError(
+                f"steps/batch_size/seq_len: expected >= 1, >= 1, >= 2, got "
+                f"{self.steps}, {self.batch_size}, {self.seq_len}"
+            )
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up, then cosine decay to min_lr_ratio * lr at the last step."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        frac = (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps)
+        cos = 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * cos)
+
+
+def set_determinism(cfg: TrainConfig) -> None:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    if cfg.deterministic:
+        # fixed algorithms; on CUDA cuBLAS needs a fixed workspace for deterministic GEMMs
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
+class Trainer:
+    """Run `cfg.steps` optimizer steps into `out` (metrics.jsonl, checkpoints/, loss.png, summary.json).
+    With `resume`, continue from `out/checkpoints/latest` under the saved options (only `steps` may change).
+    """
+
+    def __init__(self, cfg: TrainConfig, out: str | Path, resume: bool = False) -> None:
+        self.out = Path(out)
+        self.ckpt_root = self.out / "checkpoints"
+        self.start_step, self.init_eval = 0, None
+        ckpt = latest_checkpoint(self.ckpt_root) if resume else None
+        if resume and ckpt is None:
+            raise FileNotFoundError(f"out: no checkpoint to resume under {self.ckpt_root}")
+        if ckpt is not None:
+            saved = load_trainer_state(ckpt)
+            cfg = TrainConfig(**dict(saved["config"], steps=cfg.steps))
+            self.start_step, self.init_eval = saved["step"], saved.get("init_eval_loss")
+        self.cfg = cfg
+        set_determinism(cfg)
+        if ckpt is not None:
+            self.model = GLM5ForCausalLM.from_pretrained(ckpt, backend=cfg.backend)
+        elif cfg.init:
+            self.model = GLM5ForCausalLM.from_pretrained(cfg.init, backend=cfg.backend)
+        else:
+            self.model = GLM5ForCausalLM(GLM5Config.from_preset(cfg.preset), backend=cfg.backend)
+            self.model.init_weights(cfg.seed)
+        if self.model.config.vocab_size < VOCAB_MIN:
+            raise ValueError(f"config: byte-level data needs vocab_size >= {VOCAB_MIN}")
+        if cfg.stage == "warmup":  # base frozen: only the indexers learn
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(".indexer." in name)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizers = build_optimizers(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay)
+        if ckpt is not None:
+            load_into(ckpt, self.optimizers)
+        self.corpus = ByteCorpus(max_bytes=cfg.max_bytes)
+        self.heldout = self.corpus.heldout_batches(cfg.batch_size, cfg.seq_len, cfg.eval_batches)
+        self.probe = AttentionProbe(self.model, stage=cfg.stage)
+        gamma = 0.0 if cfg.stage == "warmup" else cfg.balance_gamma
+        self.balancer = ExpertBalancer(self.model, gamma)
+        self.device = self.model.backend.device
+
+    # -- one step ---------------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        ids = self.corpus.batch(cfg.batch_size, cfg.seq_len, cfg.seed, step).to(self.device)
+        self.model.train()
+        self.probe.reset()
+        self.probe.active = self.balancer.active = True
+        lr = cfg.lr_at(step)
+        for o in self.optimizers:
+            for g in o.param_groups:
+                g["lr"] = lr
+        losses = lm_and_mtp(self.model, ids, cfg.mtp_steps)
+        kl = self.probe.kl_loss()
+        if cfg.stage == "warmup":
+            total = cfg.kl_weight * kl
+        else:
+            total = losses.lm
+            if losses.mtp is not None:
+                total = total + cfg.mtp_weight * losses.mtp
+            if kl is not None:
+                total = total + cfg.kl_weight * kl
+        total.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=False)
+        for o in self.optimizers:
+            o.step()
+            o.zero_grad(set_to_none=True)
+        violation = self.balancer.update()
+        rec = {
+            "step": step + 1,
+            "loss": float(total.detach()),
+            "lm_loss": float(losses.lm.detach()),
+            "mtp_loss": None if losses.mtp is None else float(losses.mtp.detach()),
+            "kl_loss": None if kl is None else float(kl.detach()),
+            "lr": lr,
+            "grad_norm": float(gnorm),
+            "max_attn_logit": max(self.probe.max_logits) if self.probe.max_logits else None,
+            "moe_max_violation": violation,
+            "tokens": (step + 1) * cfg.batch_size * cfg.seq_len,
+            "step_s": time.perf_counter() - t0,
+        }
+        return rec
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean next-token loss (nats per byte) over the fixed held-out batches."""
+        self.model.eval()
+        self.probe.active = self.balancer.active = False
+        losses = [
+            float(self.model(b.to(self.device), labels=b.to(self.device), return_logits=False).loss)
+            for b in self.heldout
+        ]
+        return sum(losses) / len(losses)
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self, progress: bool = True) -> dict:
+        cfg = self.cfg
+        self.out.mkdir(parents=True, exist_ok=True)
+        metrics_path = self.out / "metrics.jsonl"
+        _truncate_metrics(metrics_path, self.start_step)
+        if self.init_eval is None:
+            self.init_eval = self.evaluate()
+        t0 = time.perf_counter()
+        max_logit = 0.0
+        with _progress(progress, cfg.steps, self.start_step) as bar, metrics_path.open("a") as mf:
+            for step in range(self.start_step, cfg.steps):
+                rec = self.train_step(step)
+                done = step + 1
+                if done % cfg.eval_every == 0 or done == cfg.steps:
+                    rec["eval_loss"] = self.evaluate()
+                mf.write(json.dumps(rec) + "\n")
+                mf.flush()
+                if rec["max_attn_logit"] is not None:
+                    max_logit = max(max_logit, rec["max_attn_logit"])
+                if done % cfg.save_every == 0 or done == cfg.steps:
+                    save_checkpoint(
+                        self.ckpt_root, done, self.model, self.optimizers, self._trainer_state(), cfg.keep
+                    )
+                bar(done, rec)
+        summary = {
+            "steps": cfg.steps,
+            "optimizer": cfg.optimizer,
+            "stage": cfg.stage,
+            "init_eval_loss": self.init_eval,
+            "final_eval_loss": _last(metrics_path, "eval_loss"),
+            "max_attn_logit_this_run": max_logit,
+            "train_seconds_this_run": time.perf_counter() - t0,
+        }
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    def _trainer_state(self) -> dict:
+        return {"config": dataclasses.asdict(self.cfg), "init_eval_loss": self.init_eval}
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Keep the records of steps <= step (a resumed run rewrites what followed its checkpoint)."""
+    if not path.exists():
+        return
+    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(ln + "\n" for ln in keep))
+    os.replace(tmp, path)
+
+
+def _last(path: Path, key: str) -> float | None:
+    val = None
+    for ln in path.read_text().splitlines():
+        rec = json.loads(ln)
+        if rec.get(key) is not None:
+            val = rec[key]
+    return val
+
+
+class _progress:
+    """A rich progress bar (or nothing): `bar(done, rec)` advances it and shows the latest losses."""
+
+    def __init__(self, enabled: bool, total: int, start: int) -> None:
+        self.enabled, self.total, self.start = enabled, total, start
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda done, rec: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.p = Progress(
+            TextColumn("train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+        )
+        self.p.__enter__()
+        task = self.p.add_task("train", total=self.total, completed=self.start, info="")
+        last_eval: list[float] = []
+
+        def bar(done: int, rec: dict) -> None:
+            if "eval_loss" in rec:
+                last_eval[:] = [rec["eval_loss"]]
+            info = f"loss {rec['lm_loss']:.3f}" + (f"  held-out {last_eval[0]:.3f}" if last_eval else "")
+            self.p.update(task, completed=done, info=info)
+
+        return bar
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.p.__exit__(*exc)

@@ -1,0 +1,52 @@
+"""Loss curves as PNG from `metrics.jsonl` (matplotlib, the `train` extra)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def plot_metrics(metrics: str | Path, png: str | Path, init_eval: float | None = None) -> Path:
+    """Training / held-out / MTP / indexer-KL losses and the largest attention logit against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on training machines
+    import matplotlib.pyplot as plt
+
+    recs = [json.loads(ln) for ln in Path(metrics).read_text().splitlines() if ln.strip()]
+    if not recs:
+        raise ValueError(f"metrics: {metrics} has no records")
+
+    def series(key: str) -> tuple[list[int], list[float]]:
+        pts = [(r["step"], r[key]) for r in recs if r.get(key) is not None]
+        return [s for s, _ in pts], [v for _, v in pts]
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in (("lm_loss", "train LM"), ("mtp_loss", "train MTP")):
+        xs, ys = series(key)
+        if xs:
+            ax.plot(xs, ys, lw=1, label=label)
+    xs, ys = series("kl_loss")
+    if xs:  # its own scale: the KL is orders of magnitude below the LM loss
+        axk = ax.twinx()
+        axk.plot(xs, ys, ":", color="tab:green", lw=1)
+        axk.set_ylabel("indexer KL (dotted)", color="tab:green")
+    xs, ys = series("eval_loss")
+    if init_eval is not None:
+        xs, ys = [0, *xs], [init_eval, *ys]
+    if xs:
+        ax.plot(xs, ys, "o-", lw=2, label="held-out LM")
+    ax.set_xlabel("step")
+    ax.set_ylabel("nats per byte")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    xs, ys = series("max_attn_logit")
+    ax2.plot(xs, ys, lw=1)
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("largest attention logit")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    png = Path(png)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png

@@ -1,0 +1,135 @@
+"""Training checkpoints: the model in the Hugging Face layout (`save_pretrained`) plus what a bit-exact
+resume needs, tensors in safetensors and the rest in JSON (no pickle anywhere):
+
+    DIR/checkpoints/step-000200/  config.json, model.safetensors   (loadable by from_pretrained)
+      trainer/optimizer.safetensors, trainer/optimizer.json           (state_dict of each optimizer)
+      trainer/rng.safetensors                                         (torch CPU / accelerator RNG)
+      trainer/trainer_state.json                                      (step = data position, run options)
+    DIR/checkpoints/latest        name of the newest complete checkpoint
+
+A checkpoint is assembled in a staging directory and renamed into place; `latest` is replaced
+atomically after that, so an interrupted save leaves the previous checkpoint intact and current.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+LATEST = "latest"
+TRAINER = "trainer"
+
+
+def _flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str) -> Any:
+    """A JSON-able copy with tensors moved into `tensors` (keys `prefix.N`); int dict keys, tuples kept."""
+    if isinstance(obj, torch.Tensor):
+        key = f"{prefix}.{len(tensors)}"
+        tensors[key] = obj.detach().to("cpu").contiguous().clone()
+        return {"__tensor__": key}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj):
+            return {k: _flatten(v, tensors, prefix) for k, v in obj.items()}
+        return {"__items__": [[k, _flatten(v, tensors, prefix)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_flatten(v, tensors, prefix) for v in obj]}
+    if isinstance(obj, list):
+        return [_flatten(v, tensors, prefix) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"state: cannot store {type(obj).__name__} without pickle")
+
+
+def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, dict):
+        if "__tensor__" in obj:
+            return tensors[obj["__tensor__"]]
+        if "__items__" in obj:
+            return {k: _unflatten(v, tensors) for k, v in obj["__items__"]}
+        if "__tuple__" in obj:
+            return tuple(_unflatten(v, tensors) for v in obj["__tuple__"])
+        return {k: _unflatten(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_unflatten(v, tensors) for v in obj]
+    return obj
+
+
+def rng_state() -> dict[str, torch.Tensor]:
+    out = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            out[f"cuda.{i}"] = s
+    return out
+
+
+def set_rng_state(states: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(states["cpu"])
+    cuda = [states[k] for k in sorted(states) if k.startswith("cuda.")]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def save_checkpoint(
+    ckpt_root: Path,
+    step: int,
+    model: Any,
+    optimizers: list[torch.optim.Optimizer],
+    trainer: dict,
+    keep: int = 2,
+) -> Path:
+    """Write checkpoint `step-{step:06d}` under ckpt_root atomically; keep the newest `keep`."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:06d}"
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=ckpt_root))
+    try:
+        d = staging / name
+        model.save_pretrained(d)
+        t = d / TRAINER  # a subdirectory: from_pretrained reads every *.safetensors at the top level
+        t.mkdir()
+        tensors: dict[str, torch.Tensor] = {}
+        meta = [_flatten(o.state_dict(), tensors, f"opt{i}") for i, o in enumerate(optimizers)]
+        save_file(tensors, t / "optimizer.safetensors")
+        (t / "optimizer.json").write_text(json.dumps({"optimizers": meta}, indent=1) + "\n")
+        save_file(rng_state(), t / "rng.safetensors")
+        (t / "trainer_state.json").write_text(json.dumps(dict(trainer, step=step), indent=2) + "\n")
+        final = ckpt_root / name
+        if final.exists():  # re-saving a step after a resume: move the old one aside first
+            os.replace(final, staging / f"{name}.old")
+        os.replace(d, final)
+        tmp_latest = staging / LATEST
+        tmp_latest.write_text(name + "\n")
+        os.replace(tmp_latest, ckpt_root / LATEST)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    for old in sorted(p for p in ckpt_root.glob("step-*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    f = ckpt_root / LATEST
+    if not f.is_file():
+        return None
+    path = ckpt_root / f.read_text().strip()
+    return path if path.is_dir() else None
+
+
+def load_trainer_state(path: Path) -> dict:
+    return json.loads((path / TRAINER / "trainer_state.json").read_text())
+
+
+def load_into(path: Path, optimizers: list[torch.optim.Optimizer]) -> None:
+    """Restore optimizer states and RNG states from checkpoint `path` (the model is loaded separately)."""
+    tensors = load_file(path / TRAINER / "optimizer.safetensors")
+    meta = json.loads((path / TRAINER / "optimizer.json").read_text())["optimizers"]
+    if len(meta) != len(optimizers):
+        raise ValueError(f"path: {path} holds {len(meta)} optimizer states, the run has {len(optimizers)}")
+    for o, m in zip(optimizers, meta, strict=True):
+        o.load_state_dict(_unflatten(m, tensors))
+    set_rng_state(load_file(path / TRAINER / "rng.safetensors"))

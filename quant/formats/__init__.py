@@ -1,0 +1,1 @@
+"""Checkpoint formats: compressed-tensors (vLLM, CUDA) and msModelSlim ascendv1 (vllm-ascend)."""

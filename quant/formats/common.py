@@ -1,0 +1,173 @@
+"""What both checkpoint formats share: walking a quantized model's float and integer weights under their
+Hugging Face names, writing and reading safetensors shards, and filling a model back from tensors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from quant.apply import EXPERT_PROJS
+from quant.modules import QuantExperts, QuantLinear
+from quant.recipe import Scheme
+
+INDEX_FILE = "model.safetensors.index.json"
+_STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+
+
+QuantEntry = tuple[str, Scheme, Callable[[], tuple], nn.Module, "int | None"]
+
+
+def quantized_modules(model: nn.Module) -> Iterator[QuantEntry]:
+    """(HF module name, scheme, get() -> (q int8 [N, K], scale fp32 [N, G], bias or None), module, expert)."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, QuantLinear):
+            yield name, mod.scheme, (lambda m=mod: (*m.int_weight(), m.bias)), mod, None
+        elif isinstance(mod, QuantExperts):
+            for e in range(mod.n_experts):
+                for p in EXPERT_PROJS:
+                    yield f"{name}.{e}.{p}", mod.scheme, _expert_getter(mod, e, p), mod, e
+
+
+def _expert_getter(mod: QuantExperts, e: int, p: str) -> Callable[[], tuple]:
+    return lambda: (*mod.int_weight(e, p), None)
+
+
+def float_entries(model: nn.Module) -> Iterator[tuple[str, str, int | None]]:
+    """(checkpoint name, state_dict name, expert index) of every float tensor (quantized modules excluded)."""
+    qprefix = tuple(f"{n}." for n, m in model.named_modules() if isinstance(m, (QuantLinear, QuantExperts)))
+    tied = model.config.tie_word_embeddings
+    for name, t in model.state_dict(keep_vars=True).items():
+        if name.startswith(qprefix) or (tied and name == "lm_head.weight"):
+            continue
+        m = _STACKED.match(name)
+        if m:
+            for e in range(t.shape[0]):
+                yield f"{m.group(1)}.{e}.{m.group(2)}.weight", name, e
+        else:
+            yield name, name, None
+
+
+def float_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    sd = model.state_dict()
+    return {hf: (sd[n][e] if e is not None else sd[n]).detach().cpu().contiguous().clone()
+            for hf, n, e in float_entries(model)}
+
+
+def write_checkpoint(path: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
+                     extra_files: dict[str, Any] | None = None, max_shard_size: int = 5 << 30) -> None:
+    """config.json + safetensors (+ extra JSON files) into a temporary sibling, then renamed into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    os.chmod(tmp, 0o755)            # mkdtemp makes it private; a checkpoint is meant to be shared
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        for fname, obj in (extra_files or {}).items():
+            (tmp / fname).write_text(json.dumps(obj, indent=2) + "\n")
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        size = 0
+        for name, t in tensors.items():
+            n = t.numel() * t.element_size()
+            if shards[-1] and size + n > max_shard_size:
+                shards.append({})
+                size = 0
+            shards[-1][name] = t.contiguous()
+            size += n
+        if len(shards) == 1:
+            save_file(shards[0], tmp / "model.safetensors", metadata={"format": "pt"})
+        else:
+            wmap = {}
+            for i, shard in enumerate(shards):
+                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, tmp / fname, metadata={"format": "pt"})
+                wmap.update({k: fname for k in shard})
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            (tmp / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wmap},
+                                                     indent=2, sort_keys=True) + "\n")
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+class TensorReader:
+    """All tensors of a checkpoint directory by name; records which were read (for strict loading)."""
+
+    def __init__(self, path: Path) -> None:
+        path = Path(path)
+        index = path / INDEX_FILE
+        if index.is_file():
+            self.where = {k: path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+        else:
+            self.where = {}
+            for f in sorted(path.glob("*.safetensors")):
+                with safe_open(f, framework="pt") as h:
+                    self.where.update({k: f for k in h.keys()})
+        if not self.where:
+            raise FileNotFoundError(f"path: no safetensors in {path}")
+        self.used: set[str] = set()
+        self._h: dict[Path, Any] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.where:
+            raise KeyError(f"checkpoint: tensor {name} missing")
+        f = self.where[name]
+        if f not in self._h:
+            self._h[f] = safe_open(f, framework="pt", device="cpu")
+        self.used.add(name)
+        return self._h[f].get_tensor(name)
+
+    def unused(self) -> list[str]:
+        return sorted(set(self.where) - self.used)
+
+
+@torch.no_grad()
+def fill_model(model: nn.Module, reader: TensorReader,
+               decode: Callable[[str, Scheme, TensorReader], tuple[torch.Tensor, torch.Tensor, Any]],
+               ignore: Callable[[str], bool] = lambda n: False) -> None:
+    """Fill a model whose quantized modules are already swapped in: float tensors by name, quantized ones
+    through `decode(module name, scheme, reader) -> (q int8 [N, K], scale [N, G], bias or None)`.
+    Every tensor of the checkpoint must be used (except names `ignore` accepts)."""
+    sd = model.state_dict(keep_vars=True)
+    for hf, name, e in float_entries(model):
+        t = reader.get(hf)
+        dst = sd[name][e] if e is not None else sd[name]
+        if tuple(t.shape) != tuple(dst.shape):
+            raise ValueError(f"checkpoint: {hf} expected shape {list(dst.shape)}, got {list(t.shape)}")
+        dst.copy_(t)
+    for name, scheme, _, mod, e in quantized_modules(model):
+        q, scale, bias = decode(name, scheme, reader)
+        if e is None:
+            want = (mod.out_features, mod.in_features)
+            if tuple(q.shape) != want:
+                raise ValueError(f"checkpoint: {name} expected weight shape {list(want)}, "
+                                 f"got {list(q.shape)}")
+            mod.set_int(q, scale, bias)
+        else:
+            proj = name.rsplit(".", 1)[1]
+            want = tuple(mod.int_weight(e, proj)[0].shape)
+            if tuple(q.shape) != want:
+                raise ValueError(f"checkpoint: {name} expected weight shape {list(want)}, "
+                                 f"got {list(q.shape)}")
+            mod.set_int(e, proj, q, scale)
+    left = [n for n in reader.unused() if not ignore(n)]
+    if left:
+        raise ValueError(f"checkpoint: {len(left)} unexpected tensor(s): {', '.join(left[:20])}")
+    if model.config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight

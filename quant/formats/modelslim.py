@@ -1,0 +1,125 @@
+"""msModelSlim "ascendv1" checkpoints (what vllm-ascend loads with `--quantization ascend`;
+shared/reference/quant.md 1.4, 2.1).
+
+quant_model_description.json maps every tensor to W8A8_DYNAMIC / W4A8_DYNAMIC / FLOAT, plus "version"
+"1.0.0", "model_quant_type", "group_size" (0: per channel) and "optional". Tensors per linear [N, K]:
+  W8A8_DYNAMIC: weight int8 [N, K], weight_scale fp32 [N, 1], weight_offset fp32 zeros [N, 1]
+  W4A8_DYNAMIC: weight int8 [N/2, K], two's-complement int4 packed along the OUTPUT dim: byte (j, k) =
+                (W[2j+1, k] << 4) | (W[2j, k] & 0xF); weight_scale / weight_offset as above; scale_bias fp32
+                = 8 * sum_k W[n, k] * weight_scale[n], [N, 1], or [N, 16] (one sum per K/16 slice, for
+                tensor parallelism up to 16) for down_proj / o_proj.
+vllm-ascend's v1 W4A8 path is per channel only (its MoE method rejects group_size > 0): per-group int4
+is refused here with that reason rather than written in the legacy two-level v0 layout.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from backends.reference.w4a8_matmul import pack_int4, unpack_int4
+from quant.apply import tensor_schemes
+from quant.formats.common import TensorReader, float_tensors, quantized_modules, write_checkpoint
+from quant.recipe import FLOAT, W4A8, W8A8, Scheme
+
+FORMAT = "modelslim"
+DESCRIPTION = "quant_model_description.json"
+_SLICED = ("down_proj", "o_proj", "w2")     # row-parallel projections: scale_bias per K/16 slice
+
+
+def pack_int4_rows(q: torch.Tensor) -> torch.Tensor:
+    """int [N, K] in [-8, 7], N even -> int8 [N/2, K]: even row in the low nibble, odd row in the high."""
+    if q.shape[0] % 2:
+        raise ValueError(f"q: expected an even number of output rows to pack along N, "
+                         f"got shape {list(q.shape)}")
+    return pack_int4(q.T.contiguous()).T.contiguous().view(torch.int8)
+
+
+def unpack_int4_rows(packed: torch.Tensor) -> torch.Tensor:
+    """int8 [N/2, K] -> int8 [N, K]; inverse of pack_int4_rows."""
+    return unpack_int4(packed.view(torch.uint8).T.contiguous()).T.contiguous()
+
+
+def scale_bias(q: torch.Tensor, scale: torch.Tensor, sliced: bool) -> torch.Tensor:
+    """8 * sum_k q[n, k] * scale[n] as fp32 [N, 1], or [N, 16] summed per K/16 slice."""
+    n, k = q.shape
+    if sliced and k % 16:
+        raise ValueError(f"q: scale_bias per K/16 slice needs K divisible by 16, got K={k}")
+    parts = q.to(torch.int64).reshape(n, 16 if sliced else 1, -1).sum(-1)            # exact integer sums
+    return (8.0 * parts.float() * scale.reshape(n, 1).float()).contiguous()
+
+
+def export(model: nn.Module, path: Path, plan: dict[str, Scheme] | None = None) -> None:
+    tensors = float_tensors(model)
+    desc: dict[str, Any] = {k: FLOAT for k in tensors}
+    kinds = set()
+    for name, scheme, get, *_ in quantized_modules(model):
+        q, scale, bias = get()
+        if scheme.group_size:
+            raise ValueError(f"format: modelslim (vllm-ascend v1) W4A8 is per channel only; {name} has "
+                             f"group_size {scheme.group_size} (use --format compressed-tensors)")
+        n = q.shape[0]
+        t = {f"{name}.weight_scale": scale.float().reshape(n, 1).clone(),
+             f"{name}.weight_offset": torch.zeros(n, 1)}
+        if scheme.name == W4A8:
+            t[f"{name}.weight"] = pack_int4_rows(q)
+            t[f"{name}.scale_bias"] = scale_bias(q, scale, name.rsplit(".", 1)[1] in _SLICED)
+        else:
+            t[f"{name}.weight"] = q.to(torch.int8).clone()
+        if bias is not None:
+            t[f"{name}.bias"] = bias.float().clone()
+        tensors.update(t)
+        desc.update({k: scheme.name for k in t})
+        kinds.add(scheme.name)
+    cfg = model.config.to_dict()
+    cfg["dtype"] = str(model.dtype).removeprefix("torch.")
+    head = {"model_quant_type": W4A8 if W4A8 in kinds else (W8A8 if kinds else FLOAT), "version": "1.0.0",
+            "group_size": 0, "optional": {}}
+    write_checkpoint(path, cfg, tensors, {DESCRIPTION: {**head, **dict(sorted(desc.items()))}})
+
+
+def read_plan(path: Path, model: nn.Module) -> dict[str, Scheme]:
+    desc = json.loads((Path(path) / DESCRIPTION).read_text())
+    if str(desc.get("version", "1.0.0")) != "1.0.0":
+        raise ValueError(f"{DESCRIPTION}: version expected '1.0.0' (ascendv1), got {desc.get('version')!r}")
+    if int(desc.get("group_size", 0) or 0):
+        raise ValueError(f"{DESCRIPTION}: group_size expected 0 (per channel), got {desc.get('group_size')}")
+    plan: dict[str, Scheme] = {}
+    float_names = tensor_schemes(model, {})
+    for t in float_names:
+        kind = desc.get(t)
+        if kind is None:
+            raise ValueError(f"{DESCRIPTION}: tensor {t} of the model is not described")
+        if kind in (W8A8, W4A8):
+            if not t.endswith(".weight"):
+                raise ValueError(f"{DESCRIPTION}: {t} is {kind}, but only linear weights are quantized")
+            plan[t.removesuffix(".weight")] = Scheme(kind)
+        elif kind != FLOAT:
+            raise ValueError(f"{DESCRIPTION}: {t} expected W8A8_DYNAMIC, W4A8_DYNAMIC or FLOAT, got {kind!r} "
+                             "(static W8A8 is not supported)")
+    return plan
+
+
+def decode(name: str, scheme: Scheme, reader: TensorReader) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    w = reader.get(f"{name}.weight")
+    if w.dtype != torch.int8:
+        raise ValueError(f"checkpoint: {name}.weight expected int8, got {w.dtype}")
+    q = unpack_int4_rows(w) if scheme.name == W4A8 else w
+    scale = reader.get(f"{name}.weight_scale").float().reshape(q.shape[0], 1)
+    off = reader.get(f"{name}.weight_offset")
+    if bool(off.ne(0).any()):
+        raise ValueError(f"checkpoint: {name}.weight_offset is nonzero; only symmetric weights are supported")
+    if scheme.name == W4A8:
+        sb = reader.get(f"{name}.scale_bias")
+        want = scale_bias(q, scale, sb.shape[-1] == 16)
+        # a wrong nibble order or packing axis changes these sums: refuse rather than load garbage
+        if sb.shape != want.shape or not torch.allclose(sb.float(), want, rtol=1e-5, atol=1e-6):
+            raise ValueError(f"checkpoint: {name}.scale_bias does not match 8 * sum_k W * weight_scale "
+                             "of the unpacked weight (packing order or axis differs from msModelSlim "
+                             "ascendv1)")
+    bias = reader.get(f"{name}.bias") if f"{name}.bias" in reader else None
+    return q, scale, bias

@@ -1,0 +1,77 @@
+"""Export a quantized model and load either checkpoint format back into `GLM5ForCausalLM`.
+
+`GLM5ForCausalLM.from_pretrained(DIR)` reaches `load_quantized` through one hook in the model's loader
+(docs/quantization.md); without the hook, call `quant.load_quantized(DIR, backend=...)` directly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from backends import Backend
+from quant.apply import empty_like_plan
+from quant.formats import compressed_tensors, modelslim
+from quant.formats.common import TensorReader, fill_model
+
+FORMATS: dict[str, ModuleType] = {compressed_tensors.FORMAT: compressed_tensors, modelslim.FORMAT: modelslim}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def detect_format(path: str | Path) -> str | None:
+    """'modelslim', 'compressed-tensors', or None for a float checkpoint."""
+    path = Path(path)
+    if (path / modelslim.DESCRIPTION).is_file():
+        return modelslim.FORMAT
+    cfg = path / "config.json"
+    if cfg.is_file():
+        qc = json.loads(cfg.read_text()).get("quantization_config")
+        if qc:
+            if qc.get("quant_method") != "compressed-tensors":
+                raise ValueError(f"quantization_config.quant_method: expected 'compressed-tensors', "
+                                 f"got {qc.get('quant_method')!r}")
+            return compressed_tensors.FORMAT
+    return None
+
+
+def is_quantized(path: str | Path) -> bool:
+    return detect_format(path) is not None
+
+
+def export(model: nn.Module, path: str | Path, fmt: str) -> None:
+    """Write the quantized `model` to `path` as `fmt` ('compressed-tensors' or 'modelslim')."""
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt: expected one of {sorted(FORMATS)}, got {fmt!r}")
+    FORMATS[fmt].export(model, Path(path))
+
+
+@torch.no_grad()
+def load_quantized(path: str | Path, backend: Backend | str | None = None, dtype: torch.dtype | None = None,
+                   cls: type | None = None) -> nn.Module:
+    """Build the model from `path`/config.json on the meta device, swap in the quantized modules the
+    checkpoint describes, and fill every tensor (strict: nothing missing, nothing left over)."""
+    from glm5.config import GLM5Config
+    from glm5.model import GLM5ForCausalLM
+
+    path = Path(path)
+    fmt = detect_format(path)
+    if fmt is None:
+        raise ValueError(f"path: {path} holds no quantized checkpoint (no {modelslim.DESCRIPTION}, "
+                         "no quantization_config in config.json)")
+    raw = json.loads((path / "config.json").read_text())
+    config = GLM5Config.from_dict(raw)
+    dtype = dtype or _DTYPES.get(str(raw.get("dtype") or raw.get("torch_dtype")), torch.float32)
+    cls = cls or GLM5ForCausalLM
+    with torch.device("meta"):
+        model = cls(config, backend=backend, dtype=dtype)
+    mod = FORMATS[fmt]
+    plan = mod.read_plan(path, model)
+    empty_like_plan(model, plan, device="meta")
+    model.to_empty(device=model.backend.device)
+    fill_model(model, TensorReader(path), mod.decode)
+    model.quant_plan = plan
+    return model.eval()

@@ -1,0 +1,155 @@
+"""Quantized drop-ins for the model's `nn.Linear` and routed `Experts`, computing through the backend.
+
+They hold integer weights in the backend contract's layout (SPEC 2.6-2.8): W8A8 int8 [N, K] with an fp32
+per-channel scale [N]; W4A8 uint8 [N, K // 2] (two signed int4 per byte along K, even k in the low
+nibble; backends/reference/w4a8_matmul.py) with fp32 scales [N, K // group_size]. Activations are
+quantized per token on every call with `dynamic_quant_int8`, so a quantized model runs on any backend
+that implements SPEC 2.5-2.8.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from backends import Backend
+from backends.reference.w4a8_matmul import pack_int4, unpack_int4
+from quant.recipe import W4A8, W8A8, Scheme
+
+
+def _pack(q: torch.Tensor, scheme: Scheme) -> torch.Tensor:
+    return pack_int4(q) if scheme.name == W4A8 else q.to(torch.int8)
+
+
+def _unpack(w: torch.Tensor, scheme: Scheme) -> torch.Tensor:
+    return unpack_int4(w) if scheme.name == W4A8 else w
+
+
+class QuantLinear(nn.Module):
+    """y = W x through the backend: x [.., K] float -> [.., N] of x's dtype.
+
+    W8A8: dynamic_quant_int8 + w8a8_matmul; W4A8: dynamic_quant_int8 + w4a8_matmul.
+    Semantics: backends/reference/w8a8_matmul.py (SPEC 2.6), backends/reference/w4a8_matmul.py (SPEC 2.7)
+    """
+
+    def __init__(self, in_features: int, out_features: int, scheme: Scheme, backend: Backend,
+                 bias: bool = False, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        if scheme.name not in (W8A8, W4A8):
+            raise ValueError(f"scheme: expected W8A8_DYNAMIC or W4A8_DYNAMIC, got {scheme.name!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.scheme, self.backend = scheme, backend
+        k, n = in_features, out_features
+        self.group_size = scheme.group_size or k
+        if k % self.group_size:
+            raise ValueError(f"group_size: expected a divisor of in_features={k}, got {scheme.group_size}")
+        if scheme.name == W4A8:
+            self.register_buffer("weight", torch.zeros(n, k // 2, dtype=torch.uint8, device=device))
+            self.register_buffer("weight_scale", torch.zeros(n, k // self.group_size, device=device))
+        else:
+            self.register_buffer("weight", torch.zeros(n, k, dtype=torch.int8, device=device))
+            self.register_buffer("weight_scale", torch.zeros(n, device=device))
+        self.register_buffer("bias", torch.zeros(n, device=device) if bias else None)
+
+    @classmethod
+    def from_int(cls, q: torch.Tensor, scale: torch.Tensor, scheme: Scheme, backend: Backend,
+                 bias: torch.Tensor | None = None) -> QuantLinear:
+        """q int8 [N, K] (int4 values for W4A8), scale fp32 [N, G] -> module."""
+        n, k = q.shape
+        m = cls(k, n, scheme, backend, bias is not None, q.device)
+        m.set_int(q, scale, bias)
+        return m
+
+    def set_int(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight.copy_(_pack(q, self.scheme))
+        self.weight_scale.copy_(scale.reshape(self.weight_scale.shape).float())
+        if bias is not None:
+            self.bias.copy_(bias.float())
+
+    def int_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q int8 [N, K], scale fp32 [N, G]) whatever the scheme."""
+        return _unpack(self.weight, self.scheme), self.weight_scale.reshape(self.out_features, -1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        xq, xs = self.backend.dynamic_quant_int8(x.reshape(-1, shape[-1]))
+        if self.scheme.name == W4A8:
+            y = self.backend.w4a8_matmul(xq, xs, self.weight, self.weight_scale, self.group_size, self.bias,
+                                         out_dtype=x.dtype)
+        else:
+            y = self.backend.w8a8_matmul(xq, xs, self.weight, self.weight_scale, self.bias, out_dtype=x.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_features}, out={self.out_features}, {self.scheme.name}, "
+                f"group_size={self.group_size}")
+
+
+class QuantExperts(nn.Module):
+    """Routed experts with quantized weights: gate and up fused into w13 [E, 2I, D(/2)], w2 [E, D, I(/2)].
+
+    forward(x [T, D], ids int32 [T, k], w fp32 [T, k], be) as glm5.moe.Experts: per token quantize, one
+    grouped_matmul for gate|up, SwiGLU, re-quantize, grouped_matmul for down, weight and scatter-add.
+    Semantics: backends/reference/grouped_matmul.py (SPEC 2.8)
+    """
+
+    def __init__(self, n_experts: int, hidden: int, inter: int, scheme: Scheme,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.n_experts, self.hidden, self.inter, self.scheme = n_experts, hidden, inter, scheme
+        e, d, i = n_experts, hidden, inter
+        self.gs13 = scheme.group_size or d
+        self.gs2 = scheme.group_size or i
+        if d % self.gs13 or i % self.gs2:
+            raise ValueError(f"group_size: expected a divisor of hidden={d} and moe_intermediate={i}, "
+                             f"got {scheme.group_size}")
+        if scheme.name == W4A8:
+            self.register_buffer("w13", torch.zeros(e, 2 * i, d // 2, dtype=torch.uint8, device=device))
+            self.register_buffer("w13_scale", torch.zeros(e, 2 * i, d // self.gs13, device=device))
+            self.register_buffer("w2", torch.zeros(e, d, i // 2, dtype=torch.uint8, device=device))
+            self.register_buffer("w2_scale", torch.zeros(e, d, i // self.gs2, device=device))
+        else:
+            self.register_buffer("w13", torch.zeros(e, 2 * i, d, dtype=torch.int8, device=device))
+            self.register_buffer("w13_scale", torch.zeros(e, 2 * i, device=device))
+            self.register_buffer("w2", torch.zeros(e, d, i, dtype=torch.int8, device=device))
+            self.register_buffer("w2_scale", torch.zeros(e, d, device=device))
+
+    def set_int(self, e: int, proj: str, q: torch.Tensor, scale: torch.Tensor) -> None:
+        """Expert e's `gate_proj` / `up_proj` / `down_proj`: q int8 [N, K], scale fp32 [N, G]."""
+        rows = {"gate_proj": slice(0, self.inter), "up_proj": slice(self.inter, 2 * self.inter),
+                "down_proj": slice(None)}[proj]
+        w, s = (self.w2, self.w2_scale) if proj == "down_proj" else (self.w13, self.w13_scale)
+        w[e, rows] = _pack(q, self.scheme)
+        s[e, rows] = scale.reshape(s[e, rows].shape).float()
+
+    def int_weight(self, e: int, proj: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q int8 [N, K], scale fp32 [N, G]) of expert e's projection."""
+        rows = {"gate_proj": slice(0, self.inter), "up_proj": slice(self.inter, 2 * self.inter),
+                "down_proj": slice(None)}[proj]
+        w, s = (self.w2, self.w2_scale) if proj == "down_proj" else (self.w13, self.w13_scale)
+        q = _unpack(w[e, rows], self.scheme)
+        return q, s[e, rows].reshape(q.shape[0], -1)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
+        t, k = ids.shape
+        flat = ids.reshape(-1).long()
+        order = torch.argsort(flat, stable=True)              # (token, slot) pairs sorted by expert
+        token = order // k
+        offsets = torch.zeros(self.n_experts + 1, dtype=torch.int64, device=x.device)
+        offsets[1:] = torch.cumsum(torch.bincount(flat, minlength=self.n_experts), 0)
+        w4 = self.scheme.name == W4A8
+        # per-token scales do not depend on row order: quantize the T rows once, then gather
+        xq, xs = be.dynamic_quant_int8(x)
+        xq, xs = xq[token], xs[token]
+        h13 = be.grouped_matmul(xq, self.w13, offsets, xs, self.w13_scale, self.gs13 if w4 else None,
+                                out_dtype=x.dtype)
+        h = nn.functional.silu(h13[:, :self.inter]) * h13[:, self.inter:]
+        hq, hs = be.dynamic_quant_int8(h)
+        y = be.grouped_matmul(hq, self.w2, offsets, hs, self.w2_scale, self.gs2 if w4 else None,
+                              out_dtype=x.dtype).float() * w.reshape(-1)[order, None]
+        out = torch.zeros(t, self.hidden, dtype=torch.float32, device=x.device)
+        return out.index_add_(0, token, y).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.n_experts}, hidden={self.hidden}, inter={self.inter}, {self.scheme.name}, " \
+               f"group_size={self.scheme.group_size}"

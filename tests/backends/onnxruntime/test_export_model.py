@@ -1,0 +1,100 @@
+"""`glm5 export-onnx`: the tiny model's prefill graph, exported with the glm5 functions, runs in ONNX
+Runtime with the reference backend's logits (fp32 default tolerances), inlined or not. Sequences are
+longer than index_topk so that DSA is really sparse."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from click.testing import CliRunner
+
+from backends.onnxruntime.functions import DOMAIN
+from glm5.cli import main
+from glm5.config import GLM5Config
+from glm5.model import GLM5ForCausalLM
+from glm5.onnx_export.export import run_onnx, translation_table
+
+B, S = 2, 40
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("onnx") / "tiny.onnx"
+    res = CliRunner().invoke(
+        main,
+        [
+            "export-onnx",
+            "--preset",
+            "tiny",
+            "--batch",
+            str(B),
+            "--seq-len",
+            str(S),
+            "--out",
+            str(out),
+            "--inline",
+        ],
+    )
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert "verified" in res.output
+    return onnx.load(str(out)), onnx.load(str(out.with_suffix("")) + ".inlined.onnx")
+
+
+@pytest.fixture(scope="module")
+def reference_model():
+    cfg = GLM5Config.from_preset("tiny")
+    assert S > cfg.index_topk
+    return GLM5ForCausalLM(cfg, backend="reference")
+
+
+def test_graph_calls_the_glm5_functions(exported):
+    model, flat = exported
+    cfg = GLM5Config.from_preset("tiny")
+    calls = Counter(n.op_type for n in model.graph.node if n.domain == DOMAIN)
+    full = cfg.indexer_types.count("full")
+    moe = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    assert calls["indexer_topk_ragged"] == full
+    assert calls["sparse_mla_attention_ragged"] == cfg.num_hidden_layers
+    assert calls["grouped_matmul"] == 3 * moe  # gate, up, down
+    assert calls["topk"] >= moe  # router top-k (plus the group top-k)
+    assert set(calls) == {"indexer_topk_ragged", "sparse_mla_attention_ragged", "grouped_matmul", "topk"}
+    assert {f.name for f in model.functions} >= set(calls)
+    assert not flat.functions and all(n.domain in ("", "ai.onnx") for n in flat.graph.node)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_logits_match_reference(exported, reference_model, seed):
+    ids = torch.randint(
+        0, reference_model.config.vocab_size, (B, S), generator=torch.Generator().manual_seed(seed)
+    )
+    with torch.no_grad():
+        want = reference_model(ids).logits
+    for proto in exported:
+        torch.testing.assert_close(run_onnx(proto, ids), want)
+
+
+def test_stable_argsort_exports_as_a_stable_topk():
+    """The MoE groups (token, slot) pairs with a stable argsort; the export maps it to TopK(largest=0),
+    whose lower-index tie rule must reproduce torch's stable order exactly."""
+
+    class Sort(torch.nn.Module):
+        def forward(self, x):
+            return torch.argsort(x, stable=True)
+
+    x = torch.randint(0, 8, (2000,), generator=torch.Generator().manual_seed(3))
+    prog = torch.onnx.export(
+        Sort(),
+        (x,),
+        dynamo=True,
+        opset_version=18,
+        optimize=False,
+        custom_translation_table=translation_table(),
+        input_names=["x"],
+    )
+    sess = ort.InferenceSession(prog.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"x": x.numpy()})[0]
+    assert torch.equal(torch.from_numpy(got), torch.argsort(x, stable=True))
