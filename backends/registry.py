@@ -115,6 +115,12 @@ def available() -> list[tuple[str, bool, str]]:
     return out
 
 
+def loaded(name: str) -> Backend | None:
+    """The backend instance called `name` if it loaded (even if it cannot run here), else None."""
+    e = _entries().get(name)
+    return e.backend if e else None
+
+
 def names() -> list[str]:
     return list(_entries())
 

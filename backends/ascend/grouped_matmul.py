@@ -1,0 +1,149 @@
+"""ascend backend: grouped_matmul (SPEC 2.8) -> torch_npu.npu_grouped_matmul in its MoE form
+(one x, one 3-D weight, split_item=2, group_type=0), as vllm-ascend's fused MoE calls it.
+
+Conversions: weights [E, N, K] -> k-major [E, K, N]; group_offsets [E+1] -> `group_list` int64 of
+cumulative row ends (group_list_type=0; `GROUP_LIST_TYPE=1` would pass per-expert counts).
+- float (bf16/fp16): weights transposed.
+- W8A8: int8 weights transposed, `scale` = w_scale [E, N], `per_token_scale` = [x_scale].
+- W4A8 per-channel: weights repacked to int32 [E, K, N/8] (eight int4 along N), N padded to a multiple
+  of 8, `scale` = fp32 bits in int64, `bias` = scale_bias = 8 * sum_k w * scale, which the cube needs
+  because it splits each int8 activation into int4 halves (x = 16 hi + lo + 8).
+- everything else (fp32, per-group W4A8, which vllm-ascend also rejects for MoE, fp32 output, over the
+  limits): one kernels_ascend GEMM per non-empty expert.
+Semantics: backends/reference/grouped_matmul.py (SPEC 2.8)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.ascend import _adapters as ad
+from backends.ascend._provider import BATCH_INVARIANT, GMM_MAX_DIM, GMM_MAX_GROUPS, OpsProvider
+from backends.caps import OpCaps, OpImpl
+from backends.ops import FLOATS
+
+OP = "npu_grouped_matmul"
+GROUP_LIST_TYPE = 0  # 0: cumulative ends; 1: per-group counts
+
+
+def group_list(group_offsets: torch.Tensor) -> torch.Tensor:
+    offs = group_offsets.to(torch.int64)
+    return (offs[1:] if GROUP_LIST_TYPE == 0 else offs[1:] - offs[:-1]).contiguous()
+
+
+def _gmm(provider: OpsProvider, x, weight, group_offsets, **kw) -> torch.Tensor:
+    return provider.call(
+        OP,
+        [x],
+        [weight],
+        group_list=group_list(group_offsets),
+        split_item=2,
+        group_type=0,
+        group_list_type=GROUP_LIST_TYPE,
+        **kw,
+    )[0]
+
+
+def w4a8_operator(provider: OpsProvider, op: str, x, x_scale, w_packed, w_scale, group_offsets, out_dtype):
+    """Per-channel W4A8 through the operator: w_packed uint8 [E, N, K//2], w_scale fp32 [E, N]."""
+    provider.record(op, provider.label(OP) + " (int4 weights repacked)")
+    weight, scale_bits, scale_bias, _ = ad.repack_w4_for_npu(w_packed, w_scale)
+    out = _gmm(
+        provider,
+        x,
+        weight,
+        group_offsets,
+        scale=[scale_bits],
+        bias=[scale_bias],
+        per_token_scale=[x_scale],
+        output_dtype=out_dtype,
+    )
+    return out[:, : w_packed.shape[1]]
+
+
+def operator_reasons(x: torch.Tensor, w: torch.Tensor, group_size, out_dtype) -> list[str]:
+    """Why npu_grouped_matmul's MoE form cannot serve these inputs ([] if it can)."""
+    why = []
+    if w.shape[0] > GMM_MAX_GROUPS:
+        why.append(f"{w.shape[0]} experts > {GMM_MAX_GROUPS} groups")
+    if x.shape[1] >= GMM_MAX_DIM or w.shape[1] >= GMM_MAX_DIM:
+        why.append("K or N >= 65536")
+    if x.dtype.is_floating_point:
+        if x.dtype == torch.float32:
+            why.append("float32 x (not in the operator's documented MoE dtype table)")
+        if out_dtype not in (None, x.dtype):
+            why.append("float variant outputs x's dtype")
+        return why
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        why.append(f"out_dtype {out_dtype} (the quantized forms output bf16/fp16)")
+    if w.dtype == torch.uint8 and group_size != x.shape[1]:
+        why.append("per-group int4 scales (the int4 path is per-channel)")
+    return why
+
+
+def _per_expert(provider: OpsProvider, x, w, group_offsets, x_scale, w_scale, group_size, out_dtype):
+    """Kernel route: one kernels_ascend GEMM per non-empty expert."""
+    from kernels_ascend._matmul import matmul
+    from kernels_ascend.w4a8_matmul import w4a8_matmul
+    from kernels_ascend.w8a8_matmul import w8a8_matmul
+
+    float_x = x.dtype.is_floating_point
+    kind = "matmul" if float_x else "w8a8_matmul" if w.dtype == torch.int8 else "w4a8_matmul"
+    provider.record("grouped_matmul", provider.kernel_label(kind) + " per expert")
+    out_dtype = out_dtype or x.dtype
+    out = torch.zeros((x.shape[0], w.shape[1]), dtype=out_dtype, device=x.device)
+    offs = group_offsets.tolist()
+    for e in range(w.shape[0]):
+        if offs[e + 1] == offs[e]:
+            continue
+        r = slice(offs[e], offs[e + 1])
+        if float_x:
+            acc = torch.empty((offs[e + 1] - offs[e], w.shape[1]), dtype=torch.float32, device=x.device)
+            out[r] = matmul(x[r], w[e].T, acc).to(out_dtype)
+        elif w.dtype == torch.int8:
+            out[r] = w8a8_matmul(x[r], x_scale[r], w[e], w_scale[e], None, out_dtype)
+        else:
+            out[r] = w4a8_matmul(x[r], x_scale[r], w[e], w_scale[e], group_size, None, out_dtype)
+    return out
+
+
+def impl(provider: OpsProvider) -> OpImpl:
+    def grouped_matmul(x, w, group_offsets, x_scale=None, w_scale=None, group_size=None, out_dtype=None):
+        if operator_reasons(x, w, group_size, out_dtype):
+            return _per_expert(provider, x, w, group_offsets, x_scale, w_scale, group_size, out_dtype)
+        if x.dtype.is_floating_point:
+            provider.record("grouped_matmul", provider.label(OP))
+            return _gmm(provider, x, w.transpose(1, 2).contiguous(), group_offsets)
+        if w.dtype == torch.int8:
+            provider.record("grouped_matmul", provider.label(OP))
+            return _gmm(
+                provider,
+                x,
+                w.transpose(1, 2).contiguous(),
+                group_offsets,
+                scale=[w_scale],
+                per_token_scale=[x_scale],
+                output_dtype=out_dtype,
+            )
+        return w4a8_operator(
+            provider, "grouped_matmul", x, x_scale, w, w_scale[:, :, 0], group_offsets, out_dtype
+        )
+
+    def check(a: dict) -> list[str]:
+        if a["w"].dtype == torch.uint8 and a["group_size"] != a["x"].shape[1] and a["group_size"] % 2:
+            return [f"group_size {a['group_size']} is odd: a packed byte would straddle two groups"]
+        return []
+
+    return OpImpl(
+        grouped_matmul,
+        OpCaps(
+            FLOATS + ("w8a8", "w4a8"),
+            batch_invariant=BATCH_INVARIANT,
+            check=check,
+            limits={
+                "operator": "bf16/fp16 float or bf16/fp16-output W8A8 / "
+                "per-channel W4A8, <= 1024 experts, K, N < 65536; "
+                "otherwise kernels per expert"
+            },
+        ),
+    )
