@@ -6,4 +6,9 @@ in `LAUNCHES` so callers can prove a kernel ran.
 
 from kernels_cuda._launches import LAUNCHES, count_launch, interpreter_active
 
+if interpreter_active():
+    from kernels_cuda._interpreter_compat import apply as _apply_interpreter_compat
+
+    _apply_interpreter_compat()
+
 __all__ = ["LAUNCHES", "count_launch", "interpreter_active"]

@@ -10,7 +10,6 @@ from collections import Counter
 
 import torch
 
-from backends.interface import Backend
 from backends.cuda import (
     dynamic_quant_int8,
     grouped_matmul,
@@ -22,6 +21,7 @@ from backends.cuda import (
     w4a8_matmul,
     w8a8_matmul,
 )
+from backends.interface import Backend
 
 _MODULES = {
     "indexer_logits": indexer_logits,

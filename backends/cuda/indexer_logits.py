@@ -1,3 +1,35 @@
-"""cuda backend: indexer_logits (not implemented yet: the table in backends/cuda/__init__.py leaves it out)."""
+"""cuda backend: indexer_logits (SPEC 2.1) -> kernels_cuda.indexer_logits (ragged and paged caches; the
+block-table lookup happens in the kernel). Forward only: inputs that require grad are declined."""
 
-IMPL = None
+from __future__ import annotations
+
+import torch
+
+from backends.caps import OpCaps, OpImpl
+from backends.cuda import _indexer
+from backends.layout import SeqLayout
+from backends.ops import FLOATS
+from kernels_cuda.indexer_logits import indexer_logits as _kernel
+
+
+def indexer_logits(
+    q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, layout: SeqLayout
+) -> torch.Tensor:
+    """q: [T, H_I, D_I]; k_cache: ragged [rows, D_I] or paged [nb, bs, D_I]; weights: [T, H_I] fp32.
+    Returns [T, max(seqlens_k)] float32, -inf where not causal.
+    Semantics: backends/reference/indexer_logits.py (SPEC 2.1)
+    """
+    return _kernel(q, k_cache, weights, s_max=layout.max_seqlen_k, **_indexer.layout_args(layout))
+
+
+IMPL = OpImpl(
+    indexer_logits,
+    OpCaps(
+        FLOATS,
+        ("ragged", "paged"),
+        limits=_indexer.LIMITS,
+        check=_indexer.check,
+        run_to_run=True,
+        batch_invariant=True,
+    ),
+)

@@ -1,3 +1,48 @@
-"""cuda backend: indexer_topk (not implemented yet: the table in backends/cuda/__init__.py leaves it out)."""
+"""cuda backend: indexer_topk (SPEC 2.2) -> kernels_cuda.indexer_topk, the fused indexer + running
+deterministic top-k (never writes [T, S]; scratch O(T * topk)); ragged and paged caches."""
 
-IMPL = None
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from backends.caps import OpCaps, OpImpl
+from backends.cuda import _indexer
+from backends.layout import SeqLayout
+from backends.ops import FLOATS
+from kernels_cuda.indexer_topk import MAX_TOPK
+from kernels_cuda.indexer_topk import indexer_topk as _kernel
+
+
+def _check(args: dict[str, Any]) -> list[str]:
+    out = _indexer.check(args, differentiable_output=False)  # indices: no gradient in any backend
+    if args["topk"] > MAX_TOPK:
+        out.append(
+            f"topk={args['topk']} > {MAX_TOPK}: the final sort keeps topk pairs per query in one program"
+        )
+    return out
+
+
+def indexer_topk(
+    q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, layout: SeqLayout, topk: int
+) -> torch.Tensor:
+    """q: [T, H_I, D_I]; k_cache: ragged [rows, D_I] or paged [nb, bs, D_I]; weights: [T, H_I] fp32.
+    Returns int32 [T, topk] logical positions in rule order, -1 past the causal keys.
+    Semantics: backends/reference/indexer_topk.py (SPEC 2.2)
+    """
+    return _kernel(q, k_cache, weights, topk=topk, **_indexer.layout_args(layout))
+
+
+IMPL = OpImpl(
+    indexer_topk,
+    OpCaps(
+        FLOATS,
+        ("ragged", "paged"),
+        limits={**_indexer.LIMITS, "topk": f"<= {MAX_TOPK}"},
+        check=_check,
+        run_to_run=True,
+        batch_invariant=True,
+        tie_rule="lower_index",
+    ),
+)

@@ -1,3 +1,88 @@
-"""cuda backend: sparse_mla_attention (not implemented yet: the table in backends/cuda/__init__.py leaves it out)."""
+"""cuda backend: sparse_mla_attention (SPEC 2.4) -> kernels_cuda.sparse_mla_attention.
 
-IMPL = None
+Forward and backward (dq, dkv) kernels gather rows by logical position through the layout (ragged or paged)
+in the kernel. The forward is bitwise run-to-run deterministic; the backward sums dkv rows shared by several
+queries with fp32 atomic adds, so gradients are not bitwise run-to-run on a GPU (declared in `limits`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from backends.autograd import SparseMLAFunction
+from backends.caps import OpCaps, OpImpl
+from backends.layout import SeqLayout
+from backends.ops import FLOATS
+from kernels_cuda.sparse_mla_attention import sparse_mla_bwd, sparse_mla_fwd
+
+MAX_D_V = 512
+MAX_D_REST = 256
+LIMITS = {
+    "d_v": f"<= {MAX_D_V}",
+    "d_qk - d_v": f"<= {MAX_D_REST}",
+    "backward_run_to_run": "no: dkv is summed with fp32 atomic adds (forward and dq are deterministic)",
+}
+
+
+def _check(args: dict[str, Any]) -> list[str]:
+    out = []
+    d_qk, d_v = args["q"].shape[2], args["d_v"]
+    if d_v > MAX_D_V:
+        out.append(f"d_v={d_v} > {MAX_D_V}: the [heads, d_v] fp32 accumulator is one register tile")
+    if d_qk - d_v > MAX_D_REST:
+        out.append(
+            f"d_qk - d_v = {d_qk - d_v} > {MAX_D_REST}: the non-value part of a row is one register tile"
+        )
+    return out
+
+
+def _layout(layout: SeqLayout) -> dict[str, Any]:
+    return dict(
+        cu_seqlens_q=layout.cu_seqlens_q,
+        seqlens_k=layout.seqlens_k,
+        cu_seqlens_k=layout.cu_seqlens_k,
+        block_table=layout.block_table,
+    )
+
+
+def _forward(q, kv_cache, indices, layout, sm_scale, d_v):
+    return sparse_mla_fwd(q, kv_cache, indices, sm_scale, d_v, **_layout(layout))
+
+
+def _backward(q, kv_cache, indices, layout, sm_scale, d_v, out, lse, d_out, d_lse):
+    return sparse_mla_bwd(
+        q, kv_cache, indices, sm_scale, d_v, **_layout(layout), out=out, lse=lse, d_out=d_out, d_lse=d_lse
+    )
+
+
+def sparse_mla_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    layout: SeqLayout,
+    sm_scale: float,
+    d_v: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [T, H, d_qk]; kv_cache: ragged [rows, d_qk] or paged [nb, bs, d_qk]; indices: int32 [T, topk].
+    Returns (out [T, H, d_v] dtype of q, lse [T, H] float32). Differentiable in q and kv_cache.
+    Semantics: backends/reference/sparse_mla_attention.py (SPEC 2.4)
+    """
+    if torch.is_grad_enabled() and (q.requires_grad or kv_cache.requires_grad):
+        return SparseMLAFunction.apply(q, kv_cache, indices, layout, sm_scale, d_v, _forward, _backward)
+    return _forward(q, kv_cache, indices, layout, sm_scale, d_v)
+
+
+IMPL = OpImpl(
+    sparse_mla_attention,
+    OpCaps(
+        FLOATS,
+        ("ragged", "paged"),
+        limits=LIMITS,
+        check=_check,
+        run_to_run=True,
+        batch_invariant=True,
+        differentiable=True,
+    ),
+)

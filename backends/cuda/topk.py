@@ -1,3 +1,45 @@
-"""cuda backend: topk (not implemented yet: the table in backends/cuda/__init__.py leaves it out)."""
+"""cuda backend: topk (SPEC 2.3) -> kernels_cuda.topk, a deterministic threshold-select kernel.
 
-IMPL = None
+Claims the lower-index tie rule bitwise: the selected set and order are a function of the values only
+(counts, in-order cumulative sums and a sort of unique (value, index) composites; no atomics).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from backends.caps import OpCaps, OpImpl
+from backends.ops import FLOATS
+from kernels_cuda.topk import MAX_K
+from kernels_cuda.topk import topk as _kernel
+
+
+def _check(args: dict[str, Any]) -> list[str]:
+    out = []
+    if args["k"] > MAX_K:
+        out.append(f"k={args['k']} > {MAX_K}: the final sort keeps k (value, index) pairs in one program")
+    if args["x"].shape[1] >= 2**31 - 1:
+        out.append("more than 2^31 - 2 columns: column indices are int32")
+    return out
+
+
+def topk(x: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [R, C] float; lengths: [R] int32/int64 or None. Returns (values [R, k], indices int32 [R, k]).
+    Semantics: backends/reference/topk.py (SPEC 2.3)
+    """
+    return _kernel(x, k, lengths)
+
+
+IMPL = OpImpl(
+    topk,
+    OpCaps(
+        FLOATS,
+        limits={"k": f"<= {MAX_K}", "columns": "< 2^31 - 1"},
+        check=_check,
+        run_to_run=True,
+        batch_invariant=True,
+        tie_rule="lower_index",
+    ),
+)

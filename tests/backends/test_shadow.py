@@ -32,7 +32,9 @@ def _make(fn):
 def test_mismatch_is_raised_with_the_first_difference(monkeypatch):
     monkeypatch.setenv("GLM5_VALIDATE", "reference")
     x = torch.tensor([[0.5, 127.0, -2.5, 1.0]])  # scale 1: 0.5 and -2.5 are half-way cases
-    with pytest.raises(ShadowMismatch, match=r"shadowed.dynamic_quant_int8 output 0: first difference at \[0, 0\]"):
+    with pytest.raises(
+        ShadowMismatch, match=r"shadowed.dynamic_quant_int8 output 0: first difference at \[0, 0\]"
+    ):
         _make(_quant_half_away).dynamic_quant_int8(x)
 
 

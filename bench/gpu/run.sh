@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One H200 (or any CUDA GPU), under 8 minutes: the cuda backend's conformance suite, then every
+# bench/bench_*.py. Results land in $RESULTS (default bench/gpu/results/<UTC time>/); the summary at the
+# end lists every step with its exit status. Exit status: non-zero if any step failed.
+#
+#   bash bench/gpu/run.sh                 # from the repository root or anywhere
+#   PYTHON=/path/to/python RESULTS=/tmp/out bash bench/gpu/run.sh
+#
+# Time budget: 465 s of steps in all. Environment <= 60 s, conformance <= 200 s, then the time left is
+# shared evenly by the bench scripts (each capped at 60 s, Triton compiles included).
+set -uo pipefail
+DEADLINE=$((SECONDS + 465))
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x .venv/bin/python ]] && .venv/bin/python -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' \
+        2>/dev/null; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+RESULTS="${RESULTS:-bench/gpu/results/$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$RESULTS"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET  # compiled kernels: this script is for a device
+SUMMARY=()
+FAILED=0
+
+step() {  # step <name> <timeout s> <command...>: run, log, record the status
+    local name="$1" limit="$2"; shift 2
+    local t0=$SECONDS
+    echo "== $name (limit ${limit}s)" | tee -a "$RESULTS/run.log"
+    timeout --signal=TERM --kill-after=10 "$limit" "$@" >"$RESULTS/$name.log" 2>&1
+    local rc=$?
+    tail -n 40 "$RESULTS/$name.log" | tee -a "$RESULTS/run.log"
+    SUMMARY+=("$(printf '%-40s rc=%-3s %4ss' "$name" "$rc" "$((SECONDS - t0))")")
+    [[ $rc -ne 0 ]] && FAILED=1
+    return 0
+}
+
+step environment 60 "$PYTHON" - <<'PY'
+import torch, triton
+print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)
+assert torch.cuda.is_available(), "no CUDA device visible to torch"
+print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory // 2**30, "GiB")
+PY
+command -v nvidia-smi >/dev/null && nvidia-smi >"$RESULTS/nvidia-smi.txt" 2>&1
+
+# quick = smoke + adversarial + errors for every op (realistic GLM-5 shapes are in the benches)
+step conformance 200 "$PYTHON" -c 'from glm5.cli import main; main()' conformance --backend cuda --suite quick \
+    --json "$RESULTS/conformance.json" --markdown "$RESULTS/conformance.md"
+
+# scripts on the shared harness (bench/_harness.py: --runs, --json) first, then any other bench_*.py with its
+# own defaults, so the device-relevant figures are in before the budget runs low
+BENCHES=($(grep -l "bench._harness" bench/bench_*.py) $(grep -L "bench._harness" bench/bench_*.py))
+left=${#BENCHES[@]}
+for bench in "${BENCHES[@]}"; do
+    limit=$(( (DEADLINE - SECONDS) / left ))
+    (( limit > 60 )) && limit=60
+    (( limit < 5 )) && limit=5
+    if grep -q "bench._harness" "$bench"; then
+        step "$(basename "$bench" .py)" "$limit" "$PYTHON" "$bench" --runs 10 --json "$RESULTS/benches.jsonl"
+    else
+        step "$(basename "$bench" .py)" "$limit" "$PYTHON" "$bench"
+    fi
+    left=$((left - 1))
+done
+
+echo "== summary ($RESULTS)"
+printf '%s\n' "${SUMMARY[@]}" | tee -a "$RESULTS/run.log"
+exit $FAILED
