@@ -27,8 +27,8 @@ def apply() -> None:
     if original is None or getattr(original, "_glm5_compat", False):
         return
 
-    def patch_lang_tensor(tensor) -> None:
-        original(tensor)
+    def patch_lang_tensor(tensor, *args, **kwargs) -> None:  # the helper's signature varies by release
+        original(tensor, *args, **kwargs)
         tensor.__index__ = _index
 
     patch_lang_tensor._glm5_compat = True
