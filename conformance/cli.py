@@ -104,6 +104,7 @@ def conformance(backend_names, ops, suite, case_glob, dtypes, json_path, junit_p
     determinism claims, proof that the backend's own code ran. Exits non-zero on any failure or when
     zero cases ran."""
     from rich.console import Console
+    from rich.markup import escape
 
     import backends
     from backends.errors import BackendUnavailable
@@ -116,11 +117,11 @@ def conformance(backend_names, ops, suite, case_glob, dtypes, json_path, junit_p
         names = [n for n, ok, _ in backends.available() if ok]
         for n, ok, why in backends.available():
             if not ok:
-                console.print(f"[dim]skipping backend {n}: {why}[/]")
+                console.print(f"[dim]skipping backend {n}: {escape(why)}[/]")
     try:
         runs = run_backends(names, _split(ops) or None, suite, case_glob, _split(dtypes) or None, console)
     except (BackendUnavailable, ManifestError, ValueError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         sys.exit(2)
     report.render(runs, console)
     if json_path:
