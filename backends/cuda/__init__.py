@@ -6,40 +6,40 @@ Which file serves which op: backends/cuda/<op>.py (capabilities, reasons, adapte
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections import Counter
 
 import torch
 
-from backends.cuda import (
-    dynamic_quant_int8,
-    grouped_matmul,
-    indexer_logits,
-    indexer_topk,
-    linear_cross_entropy,
-    sparse_mla_attention,
-    topk,
-    w4a8_matmul,
-    w8a8_matmul,
-)
 from backends.interface import Backend
 
-_MODULES = {
-    "indexer_logits": indexer_logits,
-    "indexer_topk": indexer_topk,
-    "topk": topk,
-    "sparse_mla_attention": sparse_mla_attention,
-    "dynamic_quant_int8": dynamic_quant_int8,
-    "w8a8_matmul": w8a8_matmul,
-    "w4a8_matmul": w4a8_matmul,
-    "grouped_matmul": grouped_matmul,
-    "linear_cross_entropy": linear_cross_entropy,
-}
+OP_NAMES = (
+    "indexer_logits",
+    "indexer_topk",
+    "topk",
+    "sparse_mla_attention",
+    "dynamic_quant_int8",
+    "w8a8_matmul",
+    "w4a8_matmul",
+    "grouped_matmul",
+    "linear_cross_entropy",
+)
+
+
+def _load_ops() -> dict:
+    """op -> OpImpl from backends/cuda/<op>.py. Without triton the table is empty (the adapters import
+    their kernels), so the backend still loads and `available()` says why it cannot run."""
+    if importlib.util.find_spec("triton") is None:
+        return {}
+    mods = {op: importlib.import_module(f"backends.cuda.{op}") for op in OP_NAMES}
+    return {op: mod.IMPL for op, mod in mods.items() if mod.IMPL is not None}
 
 
 class CudaBackend(Backend):
     name = "cuda"
     # ops without an implementation are absent, so calling them raises NotSupported with that reason
-    ops = {op: mod.IMPL for op, mod in _MODULES.items() if mod.IMPL is not None}
+    ops = _load_ops()
 
     def __init__(self) -> None:
         super().__init__()
@@ -56,8 +56,10 @@ class CudaBackend(Backend):
         if self.interpreted:
             return True, f"Triton {triton.__version__} interpreter on CPU tensors (TRITON_INTERPRET=1)"
         if not torch.cuda.is_available():
-            return False, ("no CUDA device visible to torch; set TRITON_INTERPRET=1 before import to run the "
-                           "kernels on CPU tensors in Triton's interpreter")
+            return False, (
+                "no CUDA device visible to torch; set TRITON_INTERPRET=1 before import to run the "
+                "kernels on CPU tensors in Triton's interpreter"
+            )
         return True, f"Triton {triton.__version__} on {torch.cuda.get_device_name()}"
 
     def kernel_calls(self) -> Counter[str]:

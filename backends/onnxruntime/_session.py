@@ -121,9 +121,12 @@ def layout_inputs(
 
 
 def inference_only(*names: str):
-    """A caps `check`: NotSupported when any of `names` requires grad (ORT has no backward)."""
+    """A caps `check`: NotSupported when any of `names` requires grad while autograd is recording
+    (ORT has no backward); under torch.no_grad() / inference_mode the call is served."""
 
     def check(args: dict) -> list[str]:
+        if not torch.is_grad_enabled():
+            return []
         grads = [n for n in names if isinstance(args.get(n), torch.Tensor) and args[n].requires_grad]
         if grads:
             return [f"ONNX Runtime runs inference only, no backward: {', '.join(grads)} require grad"]

@@ -75,3 +75,11 @@ def test_missing_dependency_is_reported_not_raised():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "onnxruntime is not installed; pip install 'glm5-backends[onnx]'" in out.stdout
+
+
+def test_weights_that_require_grad_are_served_under_no_grad(be):
+    lay = SeqLayout.from_lengths([2], [5])
+    q = torch.randn(2, 2, 8, requires_grad=True)
+    with torch.no_grad():
+        out = be.indexer_logits(q, torch.randn(5, 8), torch.randn(2, 2), lay)
+    assert out.shape == (2, 5) and not out.requires_grad
