@@ -55,3 +55,25 @@ def cumulative_bounds(op: str, arg: str, cum: list[int], total: int) -> list[tup
     )
     need(not cum or cum[-1] <= total, op, arg, f"prefix sums ending at <= {total} rows", cum)
     return list(zip([0] + cum[:-1], cum, strict=True))
+
+
+def need_pa_bsnd(op: str, key: torch.Tensor, d: int) -> int:
+    """A PA_BSND paged key cache [blocks, block_size, 1, d] with a documented block size; returns it."""
+    from backends.ascend._provider import BLOCK_MULTIPLE, MAX_BLOCK
+
+    need(
+        key.dim() == 4 and key.shape[2] == 1 and key.shape[3] == d,
+        op,
+        "key",
+        f"PA_BSND [blocks, block_size, 1, {d}]",
+        list(key.shape),
+    )
+    bs = key.shape[1]
+    need(
+        bs % BLOCK_MULTIPLE == 0 and 0 < bs <= MAX_BLOCK,
+        op,
+        "key",
+        f"block_size a multiple of {BLOCK_MULTIPLE}, <= {MAX_BLOCK}",
+        bs,
+    )
+    return bs

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import torch
 
-from backends.ascend._provider import BLOCK_MULTIPLE, MAX_BLOCK, SOCS, SPARSE_COUNTS
+from backends.ascend._provider import SOCS, SPARSE_COUNTS
 from backends.ascend.emulation._checks import (
     NotEmulated,
     cumulative_bounds,
     need,
     need_dtype,
     need_int32_vector,
+    need_pa_bsnd,
 )
 
 OP = "npu_lightning_indexer"
@@ -82,21 +83,7 @@ def npu_lightning_indexer(
     q_seg = cumulative_bounds(OP, "actual_seq_lengths_query", cu_q, t1)
     lens_k = need_int32_vector(OP, "actual_seq_lengths_key", actual_seq_lengths_key, nb).tolist()
     if layout_key == "PA_BSND":
-        need(
-            key.dim() == 4 and key.shape[2] == 1 and key.shape[3] == d,
-            OP,
-            "key",
-            f"PA_BSND [blocks, block_size, 1, {d}]",
-            list(key.shape),
-        )
-        bs = key.shape[1]
-        need(
-            bs % BLOCK_MULTIPLE == 0 and 0 < bs <= MAX_BLOCK,
-            OP,
-            "key",
-            "block_size a multiple of 16, <= 1024",
-            bs,
-        )
+        bs = need_pa_bsnd(OP, key, d)
         need(
             isinstance(block_table, torch.Tensor)
             and block_table.dtype == torch.int32

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import torch
 
-from backends.ascend._provider import BLOCK_MULTIPLE, MAX_BLOCK, SOCS
+from backends.ascend._provider import SOCS
 from backends.ascend.emulation._checks import (
     NotEmulated,
     cumulative_bounds,
     need,
     need_dtype,
     need_int32_vector,
+    need_pa_bsnd,
 )
 
 OP = "npu_sparse_flash_attention"
@@ -131,21 +132,7 @@ def npu_sparse_flash_attention(
     q_seg = cumulative_bounds(OP, "actual_seq_lengths_query", cu_q, t1)
     kv_arg = need_int32_vector(OP, "actual_seq_lengths_kv", actual_seq_lengths_kv, nb).tolist()
     if layout_kv == "PA_BSND":
-        need(
-            key.dim() == 4 and key.shape[2:] == (1, 512),
-            OP,
-            "key",
-            "PA_BSND [blocks, block_size, 1, 512]",
-            list(key.shape),
-        )
-        bs = key.shape[1]
-        need(
-            bs % BLOCK_MULTIPLE == 0 and 0 < bs <= MAX_BLOCK,
-            OP,
-            "key",
-            "block_size a multiple of 16, <= 1024",
-            bs,
-        )
+        bs = need_pa_bsnd(OP, key, 512)
         need(bs % sbs == 0, OP, "sparse_block_size", f"a divisor of block_size {bs}", sbs)
         need(
             tuple(key_rope.shape) == (key.shape[0], bs, 1, 64),
