@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels_cuda._launches import count_launch, interpreter_active
-from kernels_cuda.w8a8_matmul import TL_DTYPES, interpreter_tile
+from kernels_cuda.w8a8_matmul import TL_DTYPES, grouped_tile, interpreter_tile
 
 
 @triton.jit
@@ -66,14 +66,7 @@ def _w4a8_matmul_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, M, N, K
                         stride_om, HAS_BIAS: tl.constexpr, OUT_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                         GROUP_IS_STEP: tl.constexpr):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    band = GROUP_M * num_n
-    first_m = (pid // band) * GROUP_M
-    rows_in_band = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % band) % rows_in_band
-    pid_n = (pid % band) // rows_in_band
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = rm < M

@@ -41,6 +41,17 @@ def int8_tile(x_ptr, w_ptr, rm, rn, mask_m, mask_n, K, stride_xm, stride_xk, str
 
 
 @triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of program `pid`: GROUP_M row tiles per band, so neighbours share weight tiles."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    band = GROUP_M * num_n
+    first_m = (pid // band) * GROUP_M
+    rows_in_band = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % band) % rows_in_band, (pid % band) // rows_in_band
+
+
+@triton.jit
 def scale_epilogue(acc, x_scale, w_scale):
     """fp32 [BLOCK_M, BLOCK_N] = float32(acc) * x_scale[:, None] * w_scale[None, :], in that order."""
     return (acc.to(tl.float32) * x_scale[:, None]) * w_scale[None, :]
@@ -51,14 +62,7 @@ def _w8a8_matmul_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, M, N, K
                         stride_xm, stride_xk, stride_wn, stride_wk, stride_om,
                         HAS_BIAS: tl.constexpr, OUT_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    band = GROUP_M * num_n
-    first_m = (pid // band) * GROUP_M
-    rows_in_band = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % band) % rows_in_band
-    pid_n = (pid % band) // rows_in_band
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = rm < M
