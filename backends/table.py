@@ -1,0 +1,53 @@
+"""One convention for every backend's op table (STYLE rule 3).
+
+A backend is a package `backends/<name>/` (or a plugin's own package) with one module per op,
+`<package>.<op>`, each defining `IMPL: OpImpl | None`. `load_ops(package)` builds the table in the
+order of `backends.ops.OPS` and checks that every implementation takes exactly the interface's
+argument names, so a drifted signature fails at import, not deep inside a conformance case.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from backends.caps import OpImpl
+from backends.ops import OP_NAMES
+
+
+def interface_parameters(op: str) -> tuple[str, ...]:
+    """The argument names of `Backend.<op>` (without self), in order."""
+    from backends.interface import Backend
+
+    params = inspect.signature(getattr(Backend, op)).parameters
+    return tuple(p for p in params if p != "self")
+
+
+def check_signature(op: str, fn: Callable[..., Any], where: str = "") -> None:
+    """Raise TypeError unless `fn` takes the interface's argument names for `op`, in order."""
+    want = interface_parameters(op)
+    got = tuple(inspect.signature(fn).parameters)
+    if got != want:
+        at = f" ({where})" if where else ""
+        raise TypeError(f"{op}{at}: implementation takes {got}, the interface takes {want}")
+
+
+def load_ops(package: str, ops: Iterable[str] = OP_NAMES) -> dict[str, OpImpl]:
+    """op -> OpImpl from `<package>.<op>.IMPL`; a module that is absent or has `IMPL = None` leaves
+    the op out of the table (calling it raises NotSupported with that reason)."""
+    table: dict[str, OpImpl] = {}
+    for op in ops:
+        name = f"{package}.{op}"
+        if importlib.util.find_spec(name) is None:
+            continue
+        impl = getattr(importlib.import_module(name), "IMPL", None)
+        if impl is None:
+            continue
+        if not isinstance(impl, OpImpl):
+            raise TypeError(f"{name}.IMPL: expected a backends.caps.OpImpl or None, got {type(impl).__name__}")
+        check_signature(op, impl.fn, name)
+        table[op] = impl
+    return table
