@@ -7,20 +7,22 @@ disk each expert has its own tensors (`mlp.experts.{e}.gate_proj.weight`). Every
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
+import logging
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
+from glm5 import fsio
 from glm5.config import GLM5Config
+
+log = logging.getLogger("glm5")
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -65,18 +67,72 @@ def _shared_copies(config: GLM5Config) -> dict[str, str]:
     return out
 
 
-def _weight_map(path: Path) -> dict[str, Path]:
-    index = path / INDEX_FILE
-    if index.is_file():
-        return {k: path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"path: no {INDEX_FILE} and no *.safetensors in {path}")
+class NotACheckpoint(ValueError):
+    """A directory that holds no checkpoint (one line: what is missing, and what to pass instead)."""
+
+
+def check_dir(path: str | Path) -> Path:
+    """`path` as a checkpoint directory (symlinks such as `checkpoints/latest` resolved), or
+    NotACheckpoint saying why not; a training run directory gets a hint to its latest checkpoint."""
+    path = Path(path)
+    if not path.is_dir():
+        raise NotACheckpoint(f"{path} is not a directory")
+    cfg = path / "config.json"
+    if not cfg.exists():
+        hint = ""
+        if (path / "checkpoints" / "latest").exists():
+            hint = f" (a training run: pass {path / 'checkpoints' / 'latest'})"
+        elif path.name == "checkpoints" and (path / "latest").exists():
+            hint = f" (pass {path / 'latest'})"
+        raise NotACheckpoint(f"{path} is not a checkpoint: no config.json{hint}")
+    fsio.regular_file(cfg, "config.json")
+    return path
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    raw = json.loads((check_dir(path) / "config.json").read_text())
+    if not isinstance(raw, dict):
+        raise NotACheckpoint(f"{path}/config.json: expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def weight_files(path: Path, index_name: str = INDEX_FILE) -> dict[str, Path]:
+    """Tensor name -> shard file, from the index or from every *.safetensors; every file must be a
+    regular file inside `path` (an index cannot point elsewhere)."""
+    index = path / index_name
+    if index.exists():
+        fsio.regular_file(index, index_name)
+        wmap = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(wmap, dict):
+            raise ValueError(f"{index_name}: expected a 'weight_map' object")
+        files = {v: fsio.inside(path, v, f"{index_name} weight_map") for v in set(wmap.values())}
+        return {k: files[v] for k, v in wmap.items()}
     out = {}
-    for f in files:
+    for f in sorted(path.glob("*.safetensors")):
+        fsio.inside(path, f.name, "path")
         with safe_open(f, framework="pt") as h:
             out.update({k: f for k in h.keys()})
+    if not out:
+        raise NotACheckpoint(f"{path} is not a checkpoint: no {index_name} and no *.safetensors")
     return out
+
+
+def without_absent_mtp(config: GLM5Config, names: Any, path: Path) -> GLM5Config:
+    """The config with num_nextn_predict_layers lowered to the MTP layers the checkpoint holds, when the
+    trailing ones have no tensor at all (a transformers-saved checkpoint, or one whose MTP layer was
+    dropped): logged once, speculative decoding then unavailable. A partly present layer is kept, so its
+    missing tensors fail by name."""
+    n, declared = config.num_hidden_layers, config.num_nextn_predict_layers
+    layers = {int(m.group(1)) for m in map(re.compile(r"^model\.layers\.(\d+)\.").match, names) if m}
+    keep = max([j + 1 for j in range(declared) if n + j in layers], default=0)
+    if keep == declared:
+        return config
+    log.warning(
+        "%s: no tensors for MTP layer(s) %s (num_nextn_predict_layers=%d): loaded with %d MTP layer(s)%s",
+        path, list(range(n + keep, n + declared)), declared, keep,
+        "; speculative decoding (--mtp) is unavailable" if keep == 0 else "",
+    )
+    return dataclasses.replace(config, num_nextn_predict_layers=keep)
 
 
 def _shape_of(handle: Any, name: str) -> tuple[int, ...]:
@@ -88,13 +144,13 @@ def load_pretrained(
     cls: type, path: str | Path, backend: Any, dtype: torch.dtype | None, strict: bool
 ) -> Any:
     path = Path(path)
-    raw = json.loads((path / "config.json").read_text())
-    config = GLM5Config.from_dict(raw)
+    raw = read_config(path)
+    wmap = weight_files(path)
+    config = without_absent_mtp(GLM5Config.from_dict(raw), wmap, path)
     dtype = dtype or _DTYPES.get(str(raw.get("dtype") or raw.get("torch_dtype")), torch.float32)
     with torch.device("meta"):
         model = cls(config, backend=backend, dtype=dtype)
     device = model.backend.device
-    wmap = _weight_map(path)
     expected = {hf: (sd, e) for hf, sd, e in _hf_names(model)}
     params = model.state_dict(keep_vars=True)
     copies = _shared_copies(config)
@@ -147,16 +203,20 @@ def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+STAGING = ".{}.tmp-"  # staging siblings of a checkpoint NAME: .NAME.tmp-PID-XXXX
+
+
 def save_pretrained(model: torch.nn.Module, path: str | Path, max_shard_size: int) -> None:
-    """Write into a temporary sibling directory, then rename it into place: a reader never sees half a
-    checkpoint, and an existing one is replaced only once the new one is complete."""
+    """Write into a staging sibling, fsync, then swap it into place atomically (fsio.publish_dir): a
+    reader never sees half a checkpoint, the path never lacks one, and a save killed at any point leaves
+    the previous checkpoint intact (its staging directory is removed by the next save)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    prefix = STAGING.format(path.name)
+    tmp = fsio.staging_dir(path.parent, prefix)
     try:
         cfg = model.config.to_dict()
         cfg["dtype"] = str(model.dtype).removeprefix("torch.")
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        fsio.write_text(tmp / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         tensors = hf_state_dict(model)
         shards: list[dict[str, torch.Tensor]] = [{}]
         size = 0
@@ -168,25 +228,20 @@ def save_pretrained(model: torch.nn.Module, path: str | Path, max_shard_size: in
             shards[-1][name] = t
             size += n
         if len(shards) == 1:
-            save_file(shards[0], tmp / SINGLE_FILE, metadata={"format": "pt"})
+            fsio.save_tensors(shards[0], tmp / SINGLE_FILE, metadata={"format": "pt"})
         else:
             wmap = {}
             for i, shard in enumerate(shards):
                 fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, tmp / fname, metadata={"format": "pt"})
+                fsio.save_tensors(shard, tmp / fname, metadata={"format": "pt"})
                 wmap.update({k: fname for k in shard})
             total = sum(t.numel() * t.element_size() for t in tensors.values())
-            (tmp / INDEX_FILE).write_text(
+            fsio.write_text(
+                tmp / INDEX_FILE,
                 json.dumps({"metadata": {"total_size": total}, "weight_map": wmap}, indent=2, sort_keys=True)
-                + "\n"
+                + "\n",
             )
-        old = None
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.replace(path, old / path.name)
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old)
+        fsio.publish_dir(tmp, path, prefix)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
