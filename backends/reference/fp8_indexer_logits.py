@@ -1,0 +1,66 @@
+"""FP8 lightning-indexer logits (SPEC 7.4; DeepSeek-V3.2 `kernel.py::fp8_index`, DeepGEMM
+`fp8_mqa_logits` / `fp8_paged_mqa_logits`).
+
+q e4m3 [T, H_I, D_I] (one scale per token and head, folded into `weights` by the caller);
+k_cache e4m3 ragged [rows, D_I] or paged [nb, bs, D_I]; k_scale fp32 with the cache's shape minus D_I
+(ragged [rows], paged [nb, bs]): one scale per key; weights fp32 [T, H_I].
+
+    logits[t, j] = k_scale[j] * sum_h weights[t, h] * relu(dot(q[t, h], k[j]))     causal j; else -inf
+
+The reference evaluates the real-number formula in fp64 (e4m3 products and their 128-term sums are
+exact there) and rounds once to fp32. ReLU acts on the raw fp8 dot product, before the (possibly
+negative) head weights; since k_scale > 0 this equals DeepGEMM's relu(q . (k * k_scale)) * w form.
+`quantize_indexer_inputs` is how a model produces these inputs from bf16 q, k and head weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.counters import reference_op
+from backends.layout import SeqLayout
+from backends.reference._cache import causal_counts, keys_of_request
+from backends.reference.fp8_format import EPS_DEEPSEEK, cast_e4m3, group_scale
+
+_BLOCK_ELEMS = 1 << 24
+
+
+def fp8_score_block(q: torch.Tensor, keys: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor):
+    """q e4m3 [tq, H_I, D_I], keys e4m3 [s, D_I], k_scale [s], weights [tq, H_I] -> fp32 [tq, s], no mask."""
+    dots = torch.einsum("thd,sd->ths", q.double(), keys.double())  # exact
+    return (torch.einsum("ths,th->ts", torch.relu(dots), weights.double()) * k_scale.double()).float()
+
+
+@reference_op("fp8_indexer_logits")
+def fp8_indexer_logits(
+    q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, layout: SeqLayout
+) -> torch.Tensor:
+    t, h_i, _ = q.shape
+    out = torch.full((t, layout.max_seqlen_k), float("-inf"), dtype=torch.float32)
+    scales = k_scale.unsqueeze(-1)  # read through the same layout as the keys
+    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
+        if q1 == q0 or s == 0:
+            continue
+        keys = keys_of_request(k_cache, layout, b, s)
+        ks = keys_of_request(scales, layout, b, s)[:, 0]
+        visible = causal_counts(q1 - q0, s)
+        step = max(1, _BLOCK_ELEMS // (h_i * s))
+        for a in range(q0, q1, step):
+            z = min(a + step, q1)
+            sc = fp8_score_block(q[a:z], keys, ks, weights[a:z])
+            causal = torch.arange(s)[None, :] < visible[a - q0 : z - q0, None]
+            out[a:z, :s] = sc.masked_fill(~causal, float("-inf"))
+    return out
+
+
+def quantize_indexer_inputs(
+    q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, eps: float = EPS_DEEPSEEK, ue8m0: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """bf16/fp32 q [T, H_I, D_I], k [S, D_I], head weights [T, H_I] (H_I^-0.5 * D_I^-0.5 already folded in)
+    -> (q e4m3, k e4m3, k_scale fp32 [S], weights * q_scale fp32): one e4m3 group per head vector and per
+    key (D_I = 128), UE8M0 scales as DeepSeek-V3.2 and vLLM use."""
+    qs = group_scale(q.float().abs().amax(dim=-1), eps, ue8m0)  # [T, H_I]
+    ks = group_scale(k.float().abs().amax(dim=-1), eps, ue8m0)  # [S]
+    q8 = cast_e4m3(q.float() / qs[..., None])
+    k8 = cast_e4m3(k.float() / ks[..., None])
+    return q8, k8, ks, weights.float() * qs

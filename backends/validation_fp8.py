@@ -1,0 +1,130 @@
+"""Input validation of the FP8 ops (SPEC 7), in the style of `backends.validation`: a ValueError naming
+the argument, what was expected and what came. Shape/dtype/device checks only; layout value checks
+run once per SeqLayout (`SeqLayout.check`)."""
+
+from __future__ import annotations
+
+import torch
+
+from backends.validation import (
+    FLOAT_DTYPES,
+    _check_layout,
+    _shape,
+    check_int,
+    check_same_device,
+    check_tensor,
+    fail,
+)
+
+E4M3 = torch.float8_e4m3fn
+BLOCK = 128
+MLA_ROW_BYTES = 656
+MLA_D_QK = 576
+MLA_D_V = 512
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_out_dtype(out_dtype) -> None:
+    if out_dtype not in FLOAT_DTYPES:
+        fail("out_dtype", "one of torch.float32, torch.float16, torch.bfloat16", out_dtype)
+
+
+def check_fp8_quant_group(x, group_size, eps, ue8m0) -> None:
+    check_tensor("x", x, dtype=FLOAT_DTYPES, ndim=2)
+    check_int("group_size", group_size, min_value=1)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 < float(eps) < float("inf")):
+        fail("eps", "a positive finite float (1e-4 DeepSeek, 1e-10 vLLM)", eps)
+    if not isinstance(ue8m0, bool):
+        fail("ue8m0", "a bool", type(ue8m0).__name__)
+
+
+def check_fp8_block_matmul(x_q, x_scale, w_q, w_scale_inv, bias, out_dtype) -> None:
+    check_tensor("x_q", x_q, dtype=E4M3, ndim=2)
+    m, k = x_q.shape
+    check_tensor("w_q", w_q, dtype=E4M3, ndim=2)
+    if w_q.shape[1] != k:
+        fail("w_q", f"shape [N, K={k}] (K as x_q)", f"shape {_shape(w_q)}")
+    n = w_q.shape[0]
+    check_tensor("x_scale", x_scale, dtype=torch.float32, shape=(m, _cdiv(k, BLOCK)))
+    check_tensor("w_scale_inv", w_scale_inv, dtype=torch.float32, shape=(_cdiv(n, BLOCK), _cdiv(k, BLOCK)))
+    if bias is not None:
+        check_tensor("bias", bias, dtype=FLOAT_DTYPES, shape=(n,))
+    _check_out_dtype(out_dtype)
+    check_same_device(x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale_inv=w_scale_inv, bias=bias)
+
+
+def check_fp8_grouped_matmul(x_q, x_scale, w_q, w_scale_inv, group_offsets, out_dtype) -> None:
+    check_tensor("x_q", x_q, dtype=E4M3, ndim=2)
+    m, k = x_q.shape
+    check_tensor("w_q", w_q, dtype=E4M3, ndim=3)
+    e, n = w_q.shape[0], w_q.shape[1]
+    if w_q.shape[2] != k:
+        fail("w_q", f"shape [E, N, K={k}] (K as x_q)", f"shape {_shape(w_q)}")
+    check_tensor("x_scale", x_scale, dtype=torch.float32, shape=(m, _cdiv(k, BLOCK)))
+    check_tensor(
+        "w_scale_inv", w_scale_inv, dtype=torch.float32, shape=(e, _cdiv(n, BLOCK), _cdiv(k, BLOCK))
+    )
+    check_tensor("group_offsets", group_offsets, dtype=(torch.int32, torch.int64), shape=(e + 1,))
+    _check_out_dtype(out_dtype)
+    check_same_device(
+        x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale_inv=w_scale_inv, group_offsets=group_offsets
+    )
+    offs = group_offsets.tolist()
+    if offs[0] != 0 or offs[-1] != m or any(b < a for a, b in zip(offs, offs[1:])):
+        shown = offs if len(offs) <= 16 else f"[{offs[0]}, ..., {offs[-1]}] (length {len(offs)})"
+        fail("group_offsets", f"non-decreasing offsets from 0 to M={m}", shown)
+
+
+def _check_fp8_keys(k_cache, k_scale, layout, d_i) -> None:
+    want_nd = 2 if layout.kind == "ragged" else 3
+    check_tensor("k_cache", k_cache, dtype=E4M3, ndim=want_nd)
+    if k_cache.shape[-1] != d_i:
+        fail("k_cache", f"last dim {d_i} (D_I of q)", f"shape {_shape(k_cache)}")
+    check_tensor("k_scale", k_scale, dtype=torch.float32, shape=tuple(k_cache.shape[:-1]))
+
+
+def check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:
+    check_tensor("q", q, dtype=E4M3, ndim=3)
+    t, h_i, d_i = q.shape
+    check_tensor("k_cache", k_cache, dtype=E4M3, ndim=(2, 3))
+    check_tensor("weights", weights, dtype=torch.float32, shape=(t, h_i))
+    check_same_device(q=q, k_cache=k_cache, k_scale=k_scale, weights=weights)
+    _check_layout(layout, t, k_cache, "k_cache")
+    _check_fp8_keys(k_cache, k_scale, layout, d_i)
+
+
+def check_fp8_indexer_topk(q, k_cache, k_scale, weights, layout, topk) -> None:
+    check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout)
+    check_int("topk", topk, min_value=1)
+
+
+def check_fp8_mla_cache_quant(kv) -> None:
+    check_tensor("kv", kv, dtype=FLOAT_DTYPES, ndim=2)
+    if kv.shape[1] != MLA_D_QK:
+        fail("kv", f"shape [N, {MLA_D_QK}] (512 latent + 64 RoPE)", f"shape {_shape(kv)}")
+
+
+def check_fp8_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse) -> None:
+    check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
+    t = q.shape[0]
+    if q.shape[2] != MLA_D_QK:
+        fail("q", f"shape [T, H, {MLA_D_QK}] (FlashMLA V3.2 FP8 cache)", f"shape {_shape(q)}")
+    check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=(2, 3))
+    check_tensor("indices", indices, dtype=torch.int32, ndim=2)
+    if indices.shape[0] != t:
+        fail("indices", f"shape [T={t}, topk]", f"shape {_shape(indices)}")
+    check_same_device(q=q, kv_cache=kv_cache, indices=indices)
+    _check_layout(layout, t, kv_cache, "kv_cache")
+    want_nd = 2 if layout.kind == "ragged" else 3
+    check_tensor("kv_cache", kv_cache, ndim=want_nd)
+    if kv_cache.shape[-1] != MLA_ROW_BYTES:
+        fail("kv_cache", f"last dim {MLA_ROW_BYTES} (bytes per token)", f"shape {_shape(kv_cache)}")
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not abs(sm_scale) < float("inf"):
+        fail("sm_scale", "a finite float", sm_scale)
+    if d_v != MLA_D_V:
+        fail("d_v", f"{MLA_D_V} (the latent width of the FP8 cache)", d_v)
+    if not isinstance(return_lse, bool):
+        fail("return_lse", "a bool", type(return_lse).__name__)
