@@ -1,55 +1,105 @@
-"""`glm5 quantize SRC --recipe glm5-w4a8 --format compressed-tensors|modelslim --out DIR`."""
+"""`glm5 quantize --model SRC --recipe glm5-w4a8 --format compressed-tensors|modelslim --out DIR`."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from pathlib import Path
 
 import click
 
+from glm5.cli_args import backend_choice, model_option, one_line_errors
 from quant import recipe as recipes
 from quant.load import FORMATS
 
 
+def _check_out(out: Path, src: Path, overwrite: bool) -> None:
+    """Never write into or over the source, and replace an existing DIR only with --overwrite (and only
+    when it is a checkpoint or empty: a directory of other files is never deleted)."""
+    o, s = Path(os.path.realpath(out)), Path(os.path.realpath(src))
+    if o == s or s in o.parents or o in s.parents:
+        raise click.BadParameter(f"{out} overlaps the source checkpoint {src}; choose another directory",
+                                 param_hint="'--out'")
+    if out.exists() or out.is_symlink():
+        if not out.is_dir() or out.is_symlink():
+            raise click.BadParameter(f"{out} exists and is not a directory", param_hint="'--out'")
+        entries = list(out.iterdir())
+        if entries and not overwrite:
+            raise click.BadParameter(f"{out} already exists; pass --overwrite to replace it",
+                                     param_hint="'--out'")
+        if entries and not (out / "config.json").is_file():
+            raise click.BadParameter(f"{out} holds files but no checkpoint (no config.json): not replacing "
+                                     "it", param_hint="'--out'")
+
+
 @click.command()
-@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@model_option(help="Float checkpoint directory to quantize.", required=True, aliases=("src",),
+              quantized=False)
 @click.option("--recipe", "recipe_name", default="glm5-w4a8", show_default=True,
               help=f"recipe name ({', '.join(recipes.available())}) or a YAML path")
 @click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), required=True)
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-@click.option("--group-size", type=int, default=None, help="override the int4 group size (0: per channel)")
-@click.option("--calib-seqs", type=int, default=16, show_default=True,
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory to write (never the source; an existing one only with --overwrite).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing checkpoint at --out (atomically).")
+@click.option("--group-size", type=click.IntRange(min=0), default=None,
+              help="override the int4 group size (0: per channel)")
+@click.option("--calib-seqs", type=click.IntRange(min=0), default=16, show_default=True,
               help="calibration sequences of stdlib .py bytes (0: data-free round-to-nearest)")
-@click.option("--calib-len", type=int, default=128, show_default=True)
+@click.option("--calib-len", type=click.IntRange(min=2), default=128, show_default=True)
 @click.option("--backend", default="reference", show_default=True, help="backend that runs calibration")
-def quantize(src: Path, recipe_name: str, fmt: str, out: Path, group_size: int | None, calib_seqs: int,
-             calib_len: int, backend: str) -> None:
-    """Quantize the float checkpoint SRC by a recipe (layer-by-layer calibration) and write it as FORMAT."""
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
+def quantize(model_path: Path, recipe_name: str, fmt: str, out: Path, overwrite: bool, group_size: int | None,
+             calib_seqs: int, calib_len: int, backend: str, quiet: bool) -> None:
+    """Quantize the float checkpoint --model by a recipe (layer-by-layer calibration) and write it as
+    FORMAT to --out (atomically: an interrupted run leaves --out as it was)."""
+    src = model_path
+    try:
+        recipe = recipes.Recipe.load(recipe_name, group_size)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--recipe'") from exc
+    if fmt == "modelslim" and any(r.scheme.group_size for r in recipe.rules):
+        raise click.BadParameter("modelslim (vllm-ascend ascendv1) stores per-channel int4 only; this recipe "
+                                 "uses per-group int4 (use --format compressed-tensors)",
+                                 param_hint="'--format'")
+    _check_out(out, src, overwrite)
+    be = backend_choice(backend)
+
     import torch
 
     from glm5.model import GLM5ForCausalLM
+    from glm5.progress import Phases
     from quant.apply import quantize_model
     from quant.data import token_batch
     from quant.load import export
 
-    try:
-        recipe = recipes.Recipe.load(recipe_name, group_size)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--recipe") from exc
-    if fmt == "modelslim" and any(r.scheme.group_size for r in recipe.rules):
-        raise click.BadParameter("modelslim (vllm-ascend ascendv1) stores per-channel int4 only; this recipe "
-                                 "uses per-group int4 (use --format compressed-tensors)",
-                                 param_hint="--format")
     t0 = time.time()
-    model = GLM5ForCausalLM.from_pretrained(src, backend=backend).eval()
-    calib = token_batch("train", calib_seqs, calib_len, seed=0) if calib_seqs else None
-    try:
-        with torch.no_grad():
-            plan = quantize_model(model, recipe, calib)
-        export(model, out, fmt)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+    with Phases("quantize", enabled=not quiet) as progress:
+        progress.phase(f"loading {src}")
+        with one_line_errors("'--model'"):
+            model = GLM5ForCausalLM.from_pretrained(src, backend=be).eval()
+        calib = token_batch("train", calib_seqs, calib_len, seed=0) if calib_seqs else None
+        n = model.config.num_hidden_layers
+        hooks = []
+        if calib is not None:
+            progress.phase("calibrating layers", total=n)
+            seen: set[int] = set()
+            for i, layer in enumerate(model.model.layers[:n]):
+                def on_layer(mod, args, i=i):
+                    if i not in seen:  # a layer runs up to three times (statistics, GPTQ, output)
+                        seen.add(i)
+                        if i:
+                            progress.advance(1, f"(layer {i}/{n})")
+                hooks.append(layer.register_forward_pre_hook(on_layer))
+        try:
+            with one_line_errors(), torch.no_grad():
+                plan = quantize_model(model, recipe, calib)
+        finally:
+            for h in hooks:
+                h.remove()
+        progress.phase(f"writing {fmt} to {out}")
+        with one_line_errors("'--out'"):
+            export(model, out, fmt)
     counts = Counter(s.name if not s.group_size else f"{s.name}(g{s.group_size})" for s in plan.values())
     calib_note = f"{calib_seqs} x {calib_len} calibration tokens" if calib_seqs else "no calibration"
     click.echo(f"{recipe.name} -> {fmt} at {out}: {dict(sorted(counts.items()))} weights quantized, "

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import ModuleType
 
@@ -24,12 +23,13 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def detect_format(path: str | Path) -> str | None:
     """'modelslim', 'compressed-tensors', or None for a float checkpoint."""
+    from glm5.checkpoint import read_config
+
     path = Path(path)
     if (path / modelslim.DESCRIPTION).is_file():
         return modelslim.FORMAT
-    cfg = path / "config.json"
-    if cfg.is_file():
-        qc = json.loads(cfg.read_text()).get("quantization_config")
+    if (path / "config.json").exists():
+        qc = read_config(path).get("quantization_config")
         if qc:
             if qc.get("quant_method") != "compressed-tensors":
                 raise ValueError(f"quantization_config.quant_method: expected 'compressed-tensors', "
@@ -54,6 +54,7 @@ def load_quantized(path: str | Path, backend: Backend | str | None = None, dtype
                    cls: type | None = None) -> nn.Module:
     """Build the model from `path`/config.json on the meta device, swap in the quantized modules the
     checkpoint describes, and fill every tensor (strict: nothing missing, nothing left over)."""
+    from glm5.checkpoint import read_config, without_absent_mtp
     from glm5.config import GLM5Config
     from glm5.model import GLM5ForCausalLM
 
@@ -62,8 +63,9 @@ def load_quantized(path: str | Path, backend: Backend | str | None = None, dtype
     if fmt is None:
         raise ValueError(f"path: {path} holds no quantized checkpoint (no {modelslim.DESCRIPTION}, "
                          "no quantization_config in config.json)")
-    raw = json.loads((path / "config.json").read_text())
-    config = GLM5Config.from_dict(raw)
+    raw = read_config(path)
+    reader = TensorReader(path)
+    config = without_absent_mtp(GLM5Config.from_dict(raw), reader.where, path)
     dtype = dtype or _DTYPES.get(str(raw.get("dtype") or raw.get("torch_dtype")), torch.float32)
     cls = cls or GLM5ForCausalLM
     with torch.device("meta"):
@@ -72,6 +74,6 @@ def load_quantized(path: str | Path, backend: Backend | str | None = None, dtype
     plan = mod.read_plan(path, model)
     empty_like_plan(model, plan, device="meta")
     model.to_empty(device=model.backend.device)
-    fill_model(model, TensorReader(path), mod.decode)
+    fill_model(model, reader, mod.decode)
     model.quant_plan = plan
     return model.eval()

@@ -4,19 +4,18 @@ Hugging Face names, writing and reading safetensors shards, and filling a model 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
+from glm5 import fsio
+from glm5.checkpoint import STAGING, weight_files
 from quant.apply import EXPERT_PROJS
 from quant.modules import QuantExperts, QuantLinear
 from quant.recipe import Scheme
@@ -66,15 +65,16 @@ def float_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def write_checkpoint(path: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
                      extra_files: dict[str, Any] | None = None, max_shard_size: int = 5 << 30) -> None:
-    """config.json + safetensors (+ extra JSON files) into a temporary sibling, then renamed into place."""
+    """config.json + safetensors (+ extra JSON files) into a staging sibling, fsynced, then swapped into
+    place atomically (glm5.fsio.publish_dir): an existing checkpoint at `path` is replaced only once the
+    new one is complete, and there is no instant without one."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    os.chmod(tmp, 0o755)            # mkdtemp makes it private; a checkpoint is meant to be shared
+    prefix = STAGING.format(path.name)
+    tmp = fsio.staging_dir(path.parent, prefix)
     try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        fsio.write_text(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
         for fname, obj in (extra_files or {}).items():
-            (tmp / fname).write_text(json.dumps(obj, indent=2) + "\n")
+            fsio.write_text(tmp / fname, json.dumps(obj, indent=2) + "\n")
         shards: list[dict[str, torch.Tensor]] = [{}]
         size = 0
         for name, t in tensors.items():
@@ -85,19 +85,17 @@ def write_checkpoint(path: Path, config: dict[str, Any], tensors: dict[str, torc
             shards[-1][name] = t.contiguous()
             size += n
         if len(shards) == 1:
-            save_file(shards[0], tmp / "model.safetensors", metadata={"format": "pt"})
+            fsio.save_tensors(shards[0], tmp / "model.safetensors", metadata={"format": "pt"})
         else:
             wmap = {}
             for i, shard in enumerate(shards):
                 fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, tmp / fname, metadata={"format": "pt"})
+                fsio.save_tensors(shard, tmp / fname, metadata={"format": "pt"})
                 wmap.update({k: fname for k in shard})
             total = sum(t.numel() * t.element_size() for t in tensors.values())
-            (tmp / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wmap},
-                                                     indent=2, sort_keys=True) + "\n")
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+            index = {"metadata": {"total_size": total}, "weight_map": wmap}
+            fsio.write_text(tmp / INDEX_FILE, json.dumps(index, indent=2, sort_keys=True) + "\n")
+        fsio.publish_dir(tmp, path, prefix)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -107,17 +105,8 @@ class TensorReader:
     """All tensors of a checkpoint directory by name; records which were read (for strict loading)."""
 
     def __init__(self, path: Path) -> None:
-        path = Path(path)
-        index = path / INDEX_FILE
-        if index.is_file():
-            self.where = {k: path / v for k, v in json.loads(index.read_text())["weight_map"].items()}
-        else:
-            self.where = {}
-            for f in sorted(path.glob("*.safetensors")):
-                with safe_open(f, framework="pt") as h:
-                    self.where.update({k: f for k in h.keys()})
-        if not self.where:
-            raise FileNotFoundError(f"path: no safetensors in {path}")
+        # the float loader's reader: only regular files inside `path`, whatever the index names
+        self.where = weight_files(Path(path), INDEX_FILE)
         self.used: set[str] = set()
         self._h: dict[Path, Any] = {}
 

@@ -1,0 +1,126 @@
+"""What every `glm5` command shares on its command line: one spelling of the checkpoint argument
+(`--model DIR`; the old `--checkpoint`, `--init` and positional forms still work, hidden and
+deprecated), checked before any heavy import, and bad input reported as one line with exit code 2."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+_ALIAS_KEY = "glm5.model_alias"
+
+
+def _checked(value: str | Path | None, quantized: bool | None) -> Path | None:
+    """The checkpoint directory `value` (symlinks such as run/checkpoints/latest resolved) or BadParameter."""
+    if value is None:
+        return None
+    from glm5.checkpoint import check_dir
+
+    try:
+        path = check_dir(value)
+        if quantized is not None:
+            from quant.load import is_quantized
+
+            if is_quantized(path) != quantized:
+                want = "a quantized" if quantized else "a float (unquantized)"
+                got = "a quantized" if not quantized else "a float"
+                raise ValueError(f"{path} is {got} checkpoint; expected {want} one")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--model'") from None
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def model_option(
+    help: str = "Checkpoint directory (config.json + safetensors), e.g. RUN/checkpoints/latest.",
+    required: bool = False,
+    aliases: tuple[str, ...] = (),
+    quantized: bool | None = None,
+) -> Callable:
+    """`--model DIR` (parameter `model_path`), validated as a checkpoint; `aliases` (e.g. "--checkpoint")
+    are hidden deprecated spellings of it. quantized=False/True also refuses the other kind."""
+
+    def remember(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is not None:
+            if ctx.meta.get(_ALIAS_KEY) is not None:
+                raise click.UsageError(f"give the checkpoint once (--model), got {param.opts[0]} twice")
+            click.echo(f"note: {param.opts[0]} is deprecated; use --model", err=True)
+            ctx.meta[_ALIAS_KEY] = value
+
+    def resolve(ctx: click.Context, param: click.Parameter, value: Any) -> Path | None:
+        alias = ctx.meta.get(_ALIAS_KEY)
+        if value is not None and alias is not None:
+            raise click.UsageError("give the checkpoint once: --model, not also its deprecated spelling")
+        value = value if value is not None else alias
+        if value is None and required:
+            raise click.MissingParameter(param=param, ctx=ctx)
+        return _checked(value, quantized)
+
+    def deco(f: Callable) -> Callable:
+        f = click.option("--model", "model_path", default=None, metavar="DIR", help=help, callback=resolve,
+                         is_eager=False)(f)
+        for a in aliases:
+            if a.startswith("--"):
+                f = click.option(a, expose_value=False, hidden=True, is_eager=True, callback=remember,
+                                 metavar="DIR")(f)
+            else:
+                f = click.argument(a, required=False, expose_value=False, is_eager=True, callback=remember,
+                                   cls=_HiddenArgument)(f)
+        return f
+
+    return deco
+
+
+class _HiddenArgument(click.Argument):
+    """A deprecated positional form: accepted, left out of the usage line."""
+
+    def get_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return []
+
+
+def positive(name: str) -> Callable:
+    """A click callback: the value must be >= 1."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None and value < 1:
+            raise click.BadParameter(f"expected an integer >= 1, got {value}", param_hint=f"'{name}'")
+        return value
+
+    return check
+
+
+def backend_choice(value: str | None, hint: str = "'--backend'") -> Any:
+    """The backend `value` (None: $GLM5_BACKEND or reference) as a usable Backend, or BadParameter naming
+    the known backends, or why this one cannot run here."""
+    import backends
+
+    env = os.environ.get("GLM5_BACKEND")
+    if value is None and env:
+        hint = "GLM5_BACKEND"
+    try:
+        return backends.get(value)
+    except Exception as exc:  # BackendUnavailable, unknown name: the message says which and why
+        known = ", ".join(n for n, _, _ in backends.available())
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "known" not in msg:
+            msg += f" (known: {known})"
+        raise click.BadParameter(msg, param_hint=hint) from None
+
+
+@contextlib.contextmanager
+def one_line_errors(hint: str | None = None) -> Iterator[None]:
+    """ValueError / FileNotFoundError raised inside (a bad preset, a checkpoint that does not fit) become
+    one line with exit code 2 (naming `hint` when given) instead of a traceback."""
+    try:
+        yield
+    except click.ClickException:
+        raise
+    except (ValueError, FileNotFoundError, NotADirectoryError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if hint:
+            raise click.BadParameter(text, param_hint=hint) from None
+        raise click.UsageError(text) from None
