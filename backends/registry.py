@@ -22,6 +22,7 @@ DEFAULT_BACKEND = "reference"
 #: name -> "module:attribute" of the Backend subclass; imported lazily.
 BUILTIN: dict[str, str] = {
     "reference": "backends.reference:ReferenceBackend",
+    "cpu": "backends.cpu:CpuBackend",
     "cuda": "backends.cuda:CudaBackend",
     "ascend": "backends.ascend:AscendBackend",
     "onnxruntime": "backends.onnxruntime:OnnxRuntimeBackend",

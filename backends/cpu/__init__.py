@@ -1,0 +1,35 @@
+"""The `cpu` backend: fast plain-torch implementations of every op for the CPU (issue 14).
+
+Exact where the contract is exact (top-k orders, integer accumulators, dynamic quant: bitwise the
+reference's), within the contract's tolerances elsewhere. The reference stays the oracle: nothing here
+calls it. Which file serves which op: backends/cpu/<op>.py (capabilities next to the function).
+"""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+
+from backends.cpu._intmm import PATH as INT_GEMM
+from backends.interface import Backend
+from backends.table import load_ops
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    device = "cpu"
+    ops = load_ops("backends.cpu")
+
+    def available(self) -> tuple[bool, str]:
+        return True, f"plain torch on {platform.machine()}, {torch.get_num_threads()} threads, int GEMM {INT_GEMM}"
+
+    def environment(self) -> dict[str, str]:
+        return {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "int_gemm": INT_GEMM,
+            "threads": str(torch.get_num_threads()),
+        }

@@ -1,0 +1,110 @@
+"""cpu backend: indexer_topk (SPEC 2.2): the reference's logits, bit for bit (the same einsums over the
+same query blocks and key chunks), selected by `torch.topk` with exactness checks instead of two stable
+sorts per chunk.
+
+Running top-k per query block: each key chunk's scores are merged with the block's current best k by
+`torch.topk(k + 1)` over [best | chunk]; rows where the k-th and (k+1)-th candidates tie, or NaN appears,
+are merged by the rule's full order instead. The set of the rule's top-k does not depend on the merge
+order, so the final order (one sort per block) is the reference's. Peak extra memory per query block:
+O(tq * (topk + chunk) + tq * H_I * chunk).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.caps import OpCaps, OpImpl
+from backends.cpu._cache import causal_counts, keys_of_request
+from backends.cpu._select import order_numbers, rule_order
+from backends.layout import SeqLayout
+from backends.ops import FLOATS
+
+# The reference's blocking: scores are computed on exactly these shapes, so they are its bits.
+QUERY_BLOCK = 128
+KEY_CHUNK = 2048
+
+
+def score_block(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """q [tq, H_I, D_I], keys [s, D_I], weights [tq, H_I] -> [tq, s] fp32 (the reference's einsums)."""
+    dots = torch.einsum("thd,sd->ths", q.float(), keys.float())
+    return torch.einsum("ths,th->ts", dots.relu_(), weights.float())
+
+
+def _merge(val, idx, ok, k):
+    """Rule top-k (as an unordered set) of each row of the candidates (val, idx, ok) [tq, n], n > k."""
+    vm = val.masked_fill(~ok, float("-inf"))
+    v, col = torch.topk(vm, k + 1, dim=1, sorted=False)
+    bad = torch.isnan(v).any(dim=1)
+    v = v.masked_fill(bad[:, None], 0)
+    low = v.amin(dim=1)
+    bad |= ((v == low[:, None]).sum(dim=1) > 1) | torch.isinf(low)
+    drop = v.argmin(dim=1, keepdim=True)
+    col = col.scatter(1, drop, col[:, k:])[:, :k]
+    if bool(bad.any()):
+        rows = torch.nonzero(bad)[:, 0]
+        by_index = torch.sort(idx[rows], dim=1).indices  # rule_order needs index-ordered columns
+        col[rows] = by_index.gather(1, rule_order(val[rows].gather(1, by_index), ok[rows].gather(1, by_index)))[
+            :, :k
+        ]
+    return val.gather(1, col), idx.gather(1, col), ok.gather(1, col)
+
+
+def _block_topk(q, keys, weights, visible, topk) -> torch.Tensor:
+    tq = q.shape[0]
+    best_val = torch.empty(tq, 0)
+    best_idx = torch.empty(tq, 0, dtype=torch.int64)
+    best_ok = torch.empty(tq, 0, dtype=torch.bool)
+    for c0 in range(0, int(visible.max()), KEY_CHUNK):
+        c1 = min(c0 + KEY_CHUNK, keys.shape[0])
+        sc = score_block(q, keys[c0:c1], weights)
+        ar = torch.arange(c0, c1)
+        val = torch.cat([best_val, sc], dim=1)
+        idx = torch.cat([best_idx, ar.expand(tq, -1)], dim=1)
+        ok = torch.cat([best_ok, ar[None, :] < visible[:, None]], dim=1)
+        if val.shape[1] <= topk:
+            best_val, best_idx, best_ok = val, idx, ok
+        else:
+            best_val, best_idx, best_ok = _merge(val, idx, ok, topk)
+    if best_val.shape[1] == 0:
+        return torch.full((tq, topk), -1, dtype=torch.int32)
+    if bool(best_ok.all()) and not bool(torch.isnan(best_val).any()):
+        _, res = order_numbers(best_val, best_idx)
+    else:
+        by_index = torch.sort(best_idx, dim=1).indices
+        v, i, o = best_val.gather(1, by_index), best_idx.gather(1, by_index), best_ok.gather(1, by_index)
+        order = rule_order(v, o)
+        res = torch.where(o.gather(1, order), i.gather(1, order), -1)
+    res = res.to(torch.int32)
+    return torch.nn.functional.pad(res, (0, topk - res.shape[1]), value=-1)
+
+
+@torch.no_grad()
+def indexer_topk(
+    q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, layout: SeqLayout, topk: int
+) -> torch.Tensor:
+    """Inputs as indexer_logits. Returns int32 [T, topk] logical positions in the rule's order, -1 past
+    the causal keys. Semantics: backends/reference/indexer_topk.py (SPEC 2.2)
+    """
+    out = torch.full((q.shape[0], topk), -1, dtype=torch.int32)
+    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
+        if q1 == q0 or s == 0:
+            continue
+        keys = keys_of_request(k_cache, layout, b, s)
+        visible = causal_counts(q1 - q0, s)
+        for a in range(q0, q1, QUERY_BLOCK):
+            z = min(a + QUERY_BLOCK, q1)
+            out[a:z] = _block_topk(q[a:z], keys, weights[a:z], visible[a - q0 : z - q0], topk)
+    return out
+
+
+IMPL = OpImpl(
+    indexer_topk,
+    OpCaps(
+        FLOATS,
+        ("ragged", "paged"),
+        limits={"logits": "the reference's einsums on its blocks (bitwise), so the order is its order"},
+        run_to_run=True,
+        batch_invariant=True,
+        tie_rule="lower_index",
+    ),
+)
