@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, str] = {
     "export-onnx": "glm5.onnx_export.export:export_onnx",
     "train": "glm5.train.cli:train",
     "plan": "glm5.deploy.cli:plan",
+    "port": "glm5.port.cli:port",
 }
 
 

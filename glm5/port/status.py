@@ -1,0 +1,268 @@
+"""`glm5 port status NAME`: the porting report of a backend, built on one conformance run (the runner and
+report of `glm5 conformance`, so every number matches its JSON) plus the model-level checks and the ops
+GLM-5 needs for a config and recipe (glm5/port/needs.py).
+
+A row is one op x dtype of the fixed matrix (backends.ops.OPS). Its state counts the numeric cases
+(smoke, realistic, adversarial); `errors/` cases check argument validation, which is shared code of
+`backends.Backend`, so they pass even for a backend that serves nothing and are counted apart:
+
+    passing      every numeric case ran and passed
+    partial      some passed; the others were declined (limits, layouts), skipped or expected failures
+    failing      a case failed (FAIL, ERROR or XPASS; validation cases included), or every numeric case
+                 that ran is a manifest's expected failure
+    unsupported  no numeric case ran: every one was declined, with the reasons given
+    not run      the suite selected no case of the row
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from backends.ops import OPS
+from conformance.report import BackendRun, cell, summary
+from conformance.result import FAILING, PASS, RAN, UNSUPPORTED, Result
+
+STATES = ("passing", "partial", "failing", "unsupported", "not run")
+
+
+@dataclass(frozen=True)
+class Need:
+    """What the user wants to run: a config (preset or config.json), quantization recipes, dtype, training."""
+
+    config: str = "tiny"
+    recipes: tuple[str, ...] = ()
+    dtype: str | None = None
+    train: bool = False
+
+
+def _reasons(rs: Sequence[Result], limit: int = 3) -> list[str]:
+    c = Counter(r.message for r in rs)
+    return [f"{msg} (x{n})" if n > 1 else msg for msg, n in c.most_common(limit)]
+
+
+def row(op: str, dtype: str, results: Sequence[Result]) -> dict[str, Any]:
+    numeric = [r for r in results if not r.case.startswith("errors/")]
+    validation = [r for r in results if r.case.startswith("errors/")]
+    counts = Counter(r.status for r in results)
+    failing = [r for r in results if r.status in FAILING]
+    ran = [r for r in numeric if r.status in RAN]
+    passed = [r for r in numeric if r.status == PASS]
+    if not results:
+        state = "not run"
+    elif failing:
+        state = "failing"
+    elif not ran:
+        state = "unsupported"
+    elif len(passed) == len(numeric):
+        state = "passing"
+    elif passed:
+        state = "partial"
+    else:
+        state = "failing"  # ran, none passed, nothing failing: only expected failures
+    others = [r for r in numeric if r.status != PASS]
+    return {
+        "op": op,
+        "dtype": dtype,
+        "state": state,
+        "cell": cell(results),  # the conformance matrix's cell of this row, verbatim
+        "counts": dict(sorted(counts.items())),
+        "numeric": {"total": len(numeric), "passed": len(passed)},
+        "validation": {"total": len(validation), "passed": sum(r.status == PASS for r in validation)},
+        "reasons": _reasons(failing) if failing else _reasons(others),
+        "repro": [r.repro for r in failing[:3]],
+    }
+
+
+def rows(run: BackendRun) -> list[dict[str, Any]]:
+    by: dict[tuple[str, str], list[Result]] = {}
+    for r in run.results:
+        by.setdefault((r.op, r.dtype), []).append(r)
+    return [row(op, dt, by.get((op, dt), [])) for op, spec in OPS.items() for dt in spec.dtype_axis]
+
+
+def determinism(run: BackendRun) -> list[dict[str, Any]]:
+    """Per op and claim (run_to_run, batch_invariant, tie_rule): holds / broken / not claimed / not checked."""
+    out = []
+    for op in OPS:
+        for what, v in run.determinism.get(op, {}).items():
+            if v["claimed"] is None:
+                verdict = "not applicable"
+            elif v["claimed"] is False:
+                verdict = "not claimed"
+            elif v["fail"]:
+                verdict = "broken"
+            elif v["pass"]:
+                verdict = "holds"
+            else:
+                verdict = "not checked"
+            out.append({"op": op, "claim": what, "verdict": verdict, "pass": v["pass"], "fail": v["fail"]})
+    return out
+
+
+def remaining(backend, table: list[dict[str, Any]], needed, model: dict[str, Any]) -> list[dict[str, Any]]:
+    """What stands between the backend and the run: each needed op/dtype not passing, a needed cache
+    layout or backward not claimed, and each model-level check that does not pass."""
+    state = {(r["op"], r["dtype"]): r for r in table}
+    out = []
+    for n in needed:
+        r = state[(n.op, n.dtype)]
+        caps = backend.capabilities(n.op)
+        why = []
+        if r["state"] not in ("passing", "partial"):
+            why.append(f"conformance {r['state']}" + (f": {r['reasons'][0]}" if r["reasons"] else ""))
+        if caps is not None:
+            missing = sorted(n.layouts - set(caps.layouts))
+            if missing and OPS[n.op].cache_arg:
+                why.append(f"layouts {missing} not claimed")
+            if n.backward and not caps.differentiable:
+                why.append("backward needed (training), not claimed differentiable")
+        if why:
+            out.append({"what": f"{n.op}/{n.dtype}", "why": "; ".join(why)})
+    for check, res in model.items():
+        if res["status"] not in ("pass", "not applicable", "skipped"):
+            out.append({"what": f"model check {check}", "why": f"{res['status']}: {res['detail']}"})
+    return out
+
+
+def build(
+    name: str,
+    suite: str = "quick",
+    need: Need = Need(),
+    model_checks: bool = True,
+    console=None,
+    conformance_json: str | None = None,
+) -> dict[str, Any]:
+    import backends
+    from conformance import report
+    from conformance.cli import run_backends
+    from glm5.port import model_checks as mc
+    from glm5.port.needs import derive
+
+    be = backends.get(name)  # BackendUnavailable (with the reason) before any work
+    needed, ran = derive(need.config, need.recipes, need.dtype, need.train)
+    runs = run_backends([name], None, suite, None, None, console)
+    if conformance_json:
+        report.write_json(runs, conformance_json)
+    run = runs[0]
+    table = rows(run)
+    if model_checks:
+        model = {"greedy_tokens": mc.greedy(name), "shadow": mc.shadow(name)}
+    else:
+        model = {k: {"status": "skipped", "detail": "--no-model"} for k in ("greedy_tokens", "shadow")}
+    states = Counter(r["state"] for r in table)
+    needed_keys = {(n.op, n.dtype) for n in needed}
+    needed_ok = sum(
+        r["state"] in ("passing", "partial") for r in table if (r["op"], r["dtype"]) in needed_keys
+    )
+    return {
+        "backend": name,
+        "suite": suite,
+        "environment": run.environment,
+        "conformance_summary": summary(runs)[name],
+        "rows_total": len(table),
+        "rows_passing": states["passing"],
+        "rows": table,
+        "states": {s: states[s] for s in STATES},
+        "determinism": determinism(run),
+        "claims": [c for c in run.claims if c["verdict"] != "ok"],
+        "model_checks": model,
+        "needs": {
+            **ran,
+            "ops": [n.to_json() for n in needed],
+            "ready": needed_ok,
+            "total": len(needed_keys),
+        },
+        "remaining": remaining(be, table, needed, model),
+        "manifest": {"path": run.manifest, "unused": run.unused},
+    }
+
+
+def headline(rep: dict[str, Any]) -> str:
+    s, n = rep["states"], rep["needs"]
+    recipe = f" + {', '.join(n['recipes'])}" if n["recipes"] else ""
+    return (
+        f"{rep['backend']}: {rep['rows_passing']} of {rep['rows_total']} op x dtype rows passing "
+        f"({s['partial']} partial, {s['failing']} failing, {s['unsupported']} unsupported, "
+        f"{s['not run']} not run); GLM-5 {n['config']}{recipe} ({n['dtype']}) needs {n['total']} rows, "
+        f"{n['ready']} ready; model: greedy {rep['model_checks']['greedy_tokens']['status']}, "
+        f"shadow {rep['model_checks']['shadow']['status']}; {len(rep['remaining'])} items remaining"
+    )
+
+
+def to_markdown(rep: dict[str, Any]) -> str:
+    out = [f"# Porting status: {rep['backend']}", "", headline(rep), ""]
+    out += [
+        f"Conformance suite `{rep['suite']}`: "
+        + ", ".join(f"{k} {v}" for k, v in rep["conformance_summary"].items() if k != "ok"),
+        "",
+        "## Ops",
+        "",
+        "| op | dtype | state | numeric passed | validation passed | matrix cell | reason |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rep["rows"]:
+        why = (r["reasons"][0] if r["reasons"] else "").replace("|", "\\|")
+        num, val = r["numeric"], r["validation"]
+        out.append(
+            f"| {r['op']} | {r['dtype']} | {r['state']} | {num['passed']}/{num['total']} | "
+            f"{val['passed']}/{val['total']} | {r['cell']} | {why[:160]} |"
+        )
+    out += ["", "## Determinism claims", "", "| op | claim | verdict | passed | failed |", "|---|---|---|---|---|"]
+    out += [f"| {d['op']} | {d['claim']} | {d['verdict']} | {d['pass']} | {d['fail']} |" for d in rep["determinism"]]
+    out += ["", "## Model-level checks (tiny GLM-5)", ""]
+    for k, v in rep["model_checks"].items():
+        out.append(f"- **{k}**: {v['status']}: {v['detail']}")
+    n = rep["needs"]
+    out += ["", f"## What GLM-5 needs ({n['config']}, recipes {n['recipes'] or 'none'}, {n['dtype']})", ""]
+    out += [f"Derived by running: {', '.join(n['ran'])}.", "", "| op | dtype | layouts | backward | calls |"]
+    out += ["|---|---|---|---|---|"]
+    out += [
+        f"| {o['op']} | {o['dtype']} | {', '.join(o['layouts']) or '-'} | {o['backward']} | {o['calls']} |"
+        for o in n["ops"]
+    ]
+    out += ["", "## Remaining", ""]
+    out += [f"- {x['what']}: {x['why']}" for x in rep["remaining"]] or ["- nothing: GLM-5 runs on this backend"]
+    return "\n".join(out) + "\n"
+
+
+def write_json(rep: dict[str, Any], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(rep, f, indent=1, default=str)
+
+
+def write_markdown(rep: dict[str, Any], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(to_markdown(rep))
+
+
+def render(rep: dict[str, Any], console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    colors = {"passing": "green", "partial": "yellow", "failing": "red", "unsupported": "dim", "not run": "dim"}
+    table = Table(title=f"Porting status of {rep['backend']} (suite {rep['suite']})")
+    for col in ("op", "dtype", "state", "numeric", "validation", "reason"):
+        table.add_column(col)
+    for r in rep["rows"]:
+        num, val = r["numeric"], r["validation"]
+        table.add_row(
+            r["op"],
+            r["dtype"],
+            f"[{colors[r['state']]}]{r['state']}[/]",
+            f"{num['passed']}/{num['total']}",
+            f"{val['passed']}/{val['total']}",
+            escape((r["reasons"][0] if r["reasons"] else "")[:90]),
+        )
+    console.print(table)
+    for d in rep["determinism"]:
+        if d["verdict"] not in ("holds", "not applicable"):
+            console.print(f"[yellow]determinism[/] {d['op']} {d['claim']}: {d['verdict']}")
+    for k, v in rep["model_checks"].items():
+        console.print(f"model {k}: {v['status']}: {escape(v['detail'])}")
+    for x in rep["remaining"]:
+        console.print(f"[yellow]remaining[/] {x['what']}: {escape(x['why'])}")
+    console.print(headline(rep))
