@@ -1,0 +1,25 @@
+"""vLLM config hook for `Glm5BackendsForCausalLM` (vLLM's MODELS_CONFIG_MAP, keyed by architecture, so
+it touches no other model, `GlmMoeDsaForCausalLM` included)."""
+
+from __future__ import annotations
+
+from vllm.model_executor.models.config import VerifyAndUpdateConfig
+
+
+class Glm5BackendsConfig(VerifyAndUpdateConfig):
+    @staticmethod
+    def verify_and_update_model_config(model_config) -> None:
+        # The checkpoint's model_type (glm_moe_dsa) marks it a DeepSeek-MLA model, which makes vLLM plan
+        # for its own MLA attention: on CPU that forces block_size 16 and turns chunked prefill and
+        # prefix caching off. This architecture brings its own cache layers and attention (the GLM-5
+        # backend's), so vLLM's MLA paths do not apply.
+        model_config.model_arch_config.is_deepseek_mla = False
+
+    @staticmethod
+    def verify_and_update_config(vllm_config) -> None:
+        dt = vllm_config.cache_config.cache_dtype
+        if dt not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"kv_cache_dtype: Glm5BackendsForCausalLM keeps its caches in the model dtype ('auto'), "
+                f"got {dt!r} (vLLM's FP8 latent / indexer caches are its own DSA kernels' format)"
+            )

@@ -1,0 +1,136 @@
+"""`Glm5BackendsForCausalLM`: GLM-5 in vLLM, computed by the project's model on a GLM-5 backend.
+
+The network is the project's own `GLM5ForCausalLM` (glm5/model.py: MLA + indexer + MoE modules, the
+shared-layer top-k reuse, quantized linears), loaded by the project's readers (float, compressed-tensors,
+msModelSlim). vLLM schedules, pages the caches (glm5/vllm/cache.py) and samples. Per step the model builds
+one `Step` from vLLM's metadata, so every hot op is the backend's (`indexer_topk`, `sparse_mla_attention`,
+`grouped_matmul`, `topk`, `w8a8_matmul`, ...). RoPE is the project's `apply_rope`, not vLLM's
+`rotary_embedding` custom op, so vLLM-CPU's eager-mode MLA RoPE bug cannot reach this model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.forward_context import get_forward_context
+from vllm.platforms import current_platform
+
+import backends
+from backends import Backend, BackendUnavailable
+from glm5.attention import Step
+from glm5.cache import StepSlots
+from glm5.config import GLM5Config
+from glm5.layers import rope_angles
+from glm5.model import GLM5ForCausalLM
+from glm5.vllm.cache import Glm5CacheLayer, Glm5StepMetadata, PagedCaches
+
+#: preferred built-in backends per device type, best first (GLM5_BACKEND overrides)
+PREFERENCE = {"cuda": ("cuda",), "npu": ("ascend",), "cpu": ("cpu", "reference")}
+
+
+def default_backend(device_type: str) -> str:
+    """The best available backend for vLLM's device type (GLM5_BACKEND wins)."""
+    name = os.environ.get("GLM5_BACKEND")
+    if name:
+        return name
+    ok = {n: r for n, good, r in backends.available() if good}
+    for cand in PREFERENCE.get(device_type, ()):
+        if cand in ok:
+            return cand
+    raise BackendUnavailable(
+        f"no GLM-5 backend available for vLLM's {device_type!r} device (tried "
+        f"{list(PREFERENCE.get(device_type, ()))}); set GLM5_BACKEND (see `glm5 doctor`)"
+    )
+
+
+class Glm5BackendsForCausalLM(nn.Module):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        mc = vllm_config.model_config
+        self.path = Path(mc.model)
+        if not (self.path / "config.json").is_file():
+            raise ValueError(
+                f"model: Glm5BackendsForCausalLM reads a local checkpoint directory with config.json, "
+                f"got {mc.model!r} (download it first, e.g. `hf download`)"
+            )
+        self.config = GLM5Config.from_json(self.path / "config.json")
+        self.dtype = mc.dtype
+        name = default_backend(current_platform.device_type)
+        self.backend: Backend = backends.get(name)
+        if self.backend.device != current_platform.device_type:
+            raise BackendUnavailable(
+                f"GLM5_BACKEND={name!r} runs on {self.backend.device}, vLLM runs on "
+                f"{current_platform.device_type}"
+            )
+        with torch.device("meta"):  # shapes only; load_weights builds the real one
+            self.glm = GLM5ForCausalLM(self.config, backend=self.backend, dtype=self.dtype)
+        c, cc = self.config, vllm_config.cache_config
+        latent, index_k = [], []
+        for i in range(c.num_hidden_layers):
+            pre = f"{prefix}model.layers.{i}.self_attn"
+            latent.append(
+                Glm5CacheLayer(f"{pre}.latent_cache", c.kv_lora_rank + c.qk_rope_head_dim, self.dtype, cc, False)
+            )
+            full = c.indexer_types[i] == "full"
+            index_k.append(
+                Glm5CacheLayer(f"{pre}.indexer.k_cache", c.index_head_dim, self.dtype, cc, True) if full else None
+            )
+        self.latent_caches = nn.ModuleList(latent)
+        self.index_caches = nn.ModuleList([m for m in index_k if m is not None])
+        self.caches = PagedCaches(latent, index_k)
+        self.first_cache = latent[0].prefix
+
+    # -- vLLM's model interface ----------------------------------------------------------------------
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.glm.model.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors=None,
+        inputs_embeds: torch.Tensor | None = None,
+        **_: object,
+    ) -> torch.Tensor:
+        if input_ids is None:
+            raise ValueError("input_ids: Glm5BackendsForCausalLM takes token ids, not inputs_embeds")
+        meta = get_forward_context().attn_metadata
+        md = meta.get(self.first_cache) if isinstance(meta, dict) else None
+        if md is None:  # vLLM's profiling run, before any cache exists: one request, no cache
+            hidden, _ = self.glm._run(input_ids, [input_ids.shape[0]], None)
+            return hidden
+        step = self.step(md, positions)
+        n = md.num_tokens
+        hidden, _ = self.glm.model(input_ids[:n], step)
+        if n == input_ids.shape[0]:
+            return hidden
+        out = hidden.new_zeros(input_ids.shape[0], hidden.shape[1])
+        out[:n] = hidden
+        return out
+
+    def step(self, md: Glm5StepMetadata, positions: torch.Tensor) -> Step:
+        """The step every layer shares: one SeqLayout, the RoPE angles and cache rows of the new tokens."""
+        pos = positions[: md.num_tokens].to(torch.int64)
+        cos, sin = rope_angles(pos, self.config.qk_rope_head_dim, self.config.rope_theta)
+        return Step(self.backend, StepSlots(md.layout, pos, md.slot_mapping), cos, sin, self.caches)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.glm.lm_head(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load through the project's readers (float, compressed-tensors or msModelSlim, strict), not
+        vLLM's iterator: the checkpoint's expert stacking and integer layouts are the project's."""
+        del weights  # never read: the project's reader opens the same safetensors files
+        self.glm = GLM5ForCausalLM.from_pretrained(self.path, backend=self.backend, dtype=self.dtype)
+        self.glm.requires_grad_(False).eval()  # inference-only backends refuse grad-requiring weights
+        return {name for name, _ in self.named_parameters()}
+
+    # -- facts for tests and logs ---------------------------------------------------------------------
+    def backend_calls(self) -> dict[str, int]:
+        """Calls into the backend's ops so far (for tests: the ops really ran on this backend)."""
+        return {"backend": self.backend.name, **dict(self.backend.calls)}
