@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
 
+from glm5.cli_args import backend_choice, model_option, one_line_errors
 from glm5.train.muon import MODES
+
+_POS = click.IntRange(min=1)
+
+
+def _preset(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from glm5.config import PRESET_DIR
+
+    if not (PRESET_DIR / f"{value}.yaml").is_file():
+        known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
+        raise click.BadParameter(f"expected a preset ({known}), got {value!r}")
+    return value
 
 
 @click.command()
-@click.option("--config", "preset", default="tiny", show_default=True, help="Preset from glm5/presets/.")
-@click.option("--steps", default=200, show_default=True, type=int)
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Run directory.")
+@click.option("--config", "preset", default="tiny", show_default=True, callback=_preset,
+              help="Preset from glm5/presets/.")
+@click.option("--steps", default=200, show_default=True, type=_POS)
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+              help="Run directory (a new one, or an existing run with --resume).")
 @click.option("--deterministic", is_flag=True, help="Deterministic algorithms: reruns match bitwise.")
 @click.option(
     "--resume", is_flag=True, help="Continue from OUT/checkpoints/latest (bit-exact if deterministic)."
@@ -21,21 +36,23 @@ from glm5.train.muon import MODES
 @click.option("--backend", default=None, help="Backend name (default: $GLM5_BACKEND or reference).")
 @click.option("--optimizer", type=click.Choice(MODES), default="muon-split", show_default=True)
 @click.option("--stage", type=click.Choice(["warmup", "sparse"]), default="sparse", show_default=True)
+@model_option(help="Start from this checkpoint's weights (e.g. RUN/checkpoints/latest) instead of --config.",
+              aliases=("--init",), quantized=False)
+@click.option("--batch-size", default=8, show_default=True, type=_POS)
+@click.option("--seq-len", default=128, show_default=True, type=click.IntRange(min=2))
+@click.option("--lr", default=3e-3, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--warmup-steps", default=20, show_default=True, type=click.IntRange(min=0),
+              help="Linear LR warm-up steps.")
 @click.option(
-    "--init", "init", default=None, type=click.Path(exists=True, file_okay=False), help="Start from a HF dir."
+    "--mtp-steps", default=1, show_default=True, type=click.IntRange(min=0),
+    help="MTP prediction steps (shared layer).",
 )
-@click.option("--batch-size", default=8, show_default=True, type=int)
-@click.option("--seq-len", default=128, show_default=True, type=int)
-@click.option("--lr", default=3e-3, show_default=True, type=float)
-@click.option("--warmup-steps", default=20, show_default=True, type=int, help="Linear LR warm-up steps.")
-@click.option(
-    "--mtp-steps", default=1, show_default=True, type=int, help="MTP prediction steps (shared layer)."
-)
-@click.option("--eval-every", default=25, show_default=True, type=int)
-@click.option("--save-every", default=100, show_default=True, type=int)
+@click.option("--eval-every", default=25, show_default=True, type=_POS)
+@click.option("--save-every", default=100, show_default=True, type=_POS)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
-    "--threads", default=1, show_default=True, type=int, help="torch intra-op threads (0: default)."
+    "--threads", default=1, show_default=True, type=click.IntRange(min=0),
+    help="torch intra-op threads (0: default).",
 )
 @click.option("--rollout-check/--no-rollout-check", default=True, show_default=True)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -48,7 +65,7 @@ def train(
     backend,
     optimizer,
     stage,
-    init,
+    model_path,
     batch_size,
     seq_len,
     lr,
@@ -62,9 +79,11 @@ def train(
     quiet,
 ) -> None:
     """Train GLM-5 with Muon Split, MTP and the DSA stages; metrics.jsonl, loss.png, checkpoints in OUT."""
-    from glm5.train.loop import TrainConfig, Trainer
+    from glm5.train.loop import NothingToResume, RunExists, TrainConfig, Trainer
     from glm5.train.plots import plot_metrics
 
+    if backend is not None or os.environ.get("GLM5_BACKEND"):
+        backend_choice(backend)
     cfg = TrainConfig(
         preset=preset,
         backend=backend,
@@ -81,10 +100,16 @@ def train(
         seed=seed,
         deterministic=deterministic,
         threads=threads or None,
-        init=init,
+        init=None if model_path is None else str(model_path),
     )
-    trainer = Trainer(cfg, out, resume=resume)
-    summary = trainer.run(progress=not quiet)
+    try:
+        trainer = Trainer(cfg, out, resume=resume)
+    except RunExists as exc:
+        raise click.BadParameter(str(exc), param_hint="'--out'") from None
+    except NothingToResume as exc:
+        raise click.BadParameter(str(exc), param_hint="'--resume'") from None
+    with one_line_errors():
+        summary = trainer.run(progress=not quiet)
     out = Path(out)
     try:
         plot_metrics(out / "metrics.jsonl", out / "loss.png", summary["init_eval_loss"])
@@ -101,3 +126,5 @@ def train(
         summary["rollout"] = stats
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     click.echo(json.dumps(summary, indent=2))
+    click.echo(f"checkpoint: {out / 'checkpoints' / 'latest'}  (e.g. glm5 generate --model "
+               f"{out / 'checkpoints' / 'latest'})", err=True)

@@ -18,13 +18,22 @@ from pathlib import Path
 
 import torch
 
+from glm5 import fsio
 from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
 from glm5.train.data import VOCAB_MIN, ByteCorpus
 from glm5.train.dsa import STAGES, AttentionProbe, ExpertBalancer
 from glm5.train.losses import lm_and_mtp
 from glm5.train.muon import build_optimizers
-from glm5.train.state import latest_checkpoint, load_into, load_trainer_state, save_checkpoint
+from glm5.train.state import checkpoints, latest_checkpoint, load_into, load_trainer_state, save_checkpoint
+
+
+class RunExists(ValueError):
+    """`out` already holds a training run and --resume was not given: nothing is overwritten."""
+
+
+class NothingToResume(ValueError):
+    """--resume, but `out` holds no complete checkpoint."""
 
 
 @dataclass
@@ -92,9 +101,16 @@ class Trainer:
         self.out = Path(out)
         self.ckpt_root = self.out / "checkpoints"
         self.start_step, self.init_eval = 0, None
+        if not resume:
+            held = existing_run(self.out)
+            if held:
+                raise RunExists(
+                    f"{self.out} already holds a run ({held}); pass --resume to continue it, or choose "
+                    "another --out"
+                )
         ckpt = latest_checkpoint(self.ckpt_root) if resume else None
         if resume and ckpt is None:
-            raise FileNotFoundError(f"out: no checkpoint to resume under {self.ckpt_root}")
+            raise NothingToResume(f"no checkpoint to resume under {self.ckpt_root}")
         if ckpt is not None:
             saved = load_trainer_state(ckpt)
             cfg = TrainConfig(**dict(saved["config"], steps=cfg.steps))
@@ -199,6 +215,7 @@ class Trainer:
                 if rec["max_attn_logit"] is not None:
                     max_logit = max(max_logit, rec["max_attn_logit"])
                 if done % cfg.save_every == 0 or done == cfg.steps:
+                    os.fsync(mf.fileno())  # the records a checkpoint covers are on disk before it is
                     save_checkpoint(
                         self.ckpt_root, done, self.model, self.optimizers, self._trainer_state(), cfg.keep
                     )
@@ -212,27 +229,53 @@ class Trainer:
             "max_attn_logit_this_run": max_logit,
             "train_seconds_this_run": time.perf_counter() - t0,
         }
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        fsio.write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary
 
     def _trainer_state(self) -> dict:
         return {"config": dataclasses.asdict(self.cfg), "init_eval_loss": self.init_eval}
 
 
+def existing_run(out: Path) -> str:
+    """What of a training run `out` already holds ('' if nothing)."""
+    held = []
+    n = len(checkpoints(out / "checkpoints"))
+    if n:
+        held.append(f"{n} checkpoint(s) in checkpoints/")
+    for f in ("metrics.jsonl", "summary.json"):
+        if (out / f).exists():
+            held.append(f)
+    return ", ".join(held)
+
+
+def _records(path: Path) -> list[dict]:
+    """The metrics records; a torn last line (a kill mid-write) is dropped, any other bad line is an error."""
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    out = []
+    for i, ln in enumerate(lines):
+        try:
+            out.append(json.loads(ln))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise ValueError(f"{path}: line {i + 1} is not JSON (only a torn last line is dropped)") \
+                    from None
+    return out
+
+
 def _truncate_metrics(path: Path, step: int) -> None:
     """Keep the records of steps <= step (a resumed run rewrites what followed its checkpoint)."""
     if not path.exists():
         return
-    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+    keep = [rec for rec in _records(path) if rec["step"] <= step]
     tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(ln + "\n" for ln in keep))
+    fsio.write_text(tmp, "".join(json.dumps(rec) + "\n" for rec in keep))
     os.replace(tmp, path)
+    fsio.fsync_path(path.parent)
 
 
 def _last(path: Path, key: str) -> float | None:
     val = None
-    for ln in path.read_text().splitlines():
-        rec = json.loads(ln)
+    for rec in _records(path):
         if rec.get(key) is not None:
             val = rec[key]
     return val

@@ -5,26 +5,32 @@ resume needs, tensors in safetensors and the rest in JSON (no pickle anywhere):
       trainer/optimizer.safetensors, trainer/optimizer.json           (state_dict of each optimizer)
       trainer/rng.safetensors                                         (torch CPU / accelerator RNG)
       trainer/trainer_state.json                                      (step = data position, run options)
-    DIR/checkpoints/latest        name of the newest complete checkpoint
+    DIR/checkpoints/latest -> step-000200    symlink to the newest complete checkpoint (a path:
+                                              `glm5 generate --model DIR/checkpoints/latest`)
 
-A checkpoint is assembled in a staging directory and renamed into place; `latest` is replaced
-atomically after that, so an interrupted save leaves the previous checkpoint intact and current.
+A checkpoint is assembled (and fsynced) in a staging directory and renamed into place; `latest` is
+re-pointed atomically after that (a new symlink renamed over the old), so an interrupted save leaves
+the previous checkpoint intact and current, and the next save removes the staging it left. Older
+runs wrote `latest` as a text file holding the name; it is still read.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from glm5 import fsio
 
 LATEST = "latest"
 TRAINER = "trainer"
+STAGING = ".staging-"
+_STEP = re.compile(r"^step-(\d+)$")
 
 
 def _flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str) -> Any:
@@ -83,41 +89,55 @@ def save_checkpoint(
     trainer: dict,
     keep: int = 2,
 ) -> Path:
-    """Write checkpoint `step-{step:06d}` under ckpt_root atomically; keep the newest `keep`."""
-    ckpt_root.mkdir(parents=True, exist_ok=True)
+    """Write checkpoint `step-{step:06d}` under ckpt_root atomically, point `latest` at it, then keep
+    the newest `keep` checkpoints of steps up to this one (by step number; never the one just written,
+    never a later step)."""
     name = f"step-{step:06d}"
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=ckpt_root))
+    staging = fsio.staging_dir(ckpt_root, STAGING)
     try:
         d = staging / name
         model.save_pretrained(d)
         t = d / TRAINER  # a subdirectory: from_pretrained reads every *.safetensors at the top level
-        t.mkdir()
+        t.mkdir(mode=fsio.dir_mode())
         tensors: dict[str, torch.Tensor] = {}
         meta = [_flatten(o.state_dict(), tensors, f"opt{i}") for i, o in enumerate(optimizers)]
-        save_file(tensors, t / "optimizer.safetensors")
-        (t / "optimizer.json").write_text(json.dumps({"optimizers": meta}, indent=1) + "\n")
-        save_file(rng_state(), t / "rng.safetensors")
-        (t / "trainer_state.json").write_text(json.dumps(dict(trainer, step=step), indent=2) + "\n")
+        fsio.save_tensors(tensors, t / "optimizer.safetensors")
+        fsio.write_text(t / "optimizer.json", json.dumps({"optimizers": meta}, indent=1) + "\n")
+        fsio.save_tensors(rng_state(), t / "rng.safetensors")
+        fsio.write_text(t / "trainer_state.json", json.dumps(dict(trainer, step=step), indent=2) + "\n")
         final = ckpt_root / name
-        if final.exists():  # re-saving a step after a resume: move the old one aside first
-            os.replace(final, staging / f"{name}.old")
-        os.replace(d, final)
-        tmp_latest = staging / LATEST
-        tmp_latest.write_text(name + "\n")
-        os.replace(tmp_latest, ckpt_root / LATEST)
+        fsio.publish_dir(d, final, STAGING)  # re-saving a step after a resume swaps the old one out
+        fsio.point_symlink(ckpt_root / LATEST, name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    for old in sorted(p for p in ckpt_root.glob("step-*") if p.is_dir())[:-keep]:
+    older = sorted((s, p) for s, p in checkpoints(ckpt_root) if s < step)
+    for _, old in older[: max(len(older) - (keep - 1), 0)]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every `step-N` checkpoint under ckpt_root."""
+    if not ckpt_root.is_dir():
+        return []
+    out = []
+    for p in ckpt_root.iterdir():
+        m = _STEP.match(p.name)
+        if m and p.is_dir() and not p.is_symlink():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The checkpoint `latest` names (a symlink, or the text file older runs wrote), if it exists."""
     f = ckpt_root / LATEST
-    if not f.is_file():
+    if f.is_symlink():
+        path = ckpt_root / Path(f.readlink()).name
+    elif f.is_file():
+        path = ckpt_root / Path(f.read_text().strip()).name
+    else:
         return None
-    path = ckpt_root / f.read_text().strip()
-    return path if path.is_dir() else None
+    return path if _STEP.match(path.name) and path.is_dir() else None
 
 
 def load_trainer_state(path: Path) -> dict:
