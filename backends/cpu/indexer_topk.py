@@ -15,7 +15,7 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.cpu._cache import causal_counts, keys_of_request
-from backends.cpu._select import order_numbers, rule_order
+from backends.cpu._select import rule_order, sort_pairs
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
 
@@ -68,7 +68,7 @@ def _block_topk(q, keys, weights, visible, topk) -> torch.Tensor:
     if best_val.shape[1] == 0:
         return torch.full((tq, topk), -1, dtype=torch.int32)
     if bool(best_ok.all()) and not bool(torch.isnan(best_val).any()):
-        _, res = order_numbers(best_val, best_idx)
+        _, res = sort_pairs(best_val, best_idx)
     else:
         by_index = torch.sort(best_idx, dim=1).indices
         v, i, o = best_val.gather(1, by_index), best_idx.gather(1, by_index), best_ok.gather(1, by_index)
