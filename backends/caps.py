@@ -48,7 +48,10 @@ class OpCaps:
 
 @dataclass(frozen=True)
 class OpImpl:
-    """One op as a backend serves it: the function (taking the SPEC's argument names) and its caps."""
+    """One op as a backend serves it: the function (taking the SPEC's argument names), its caps, and
+    optionally `prepare`: weight arguments (name -> tensor) -> the same weights in the backend's layout,
+    run once at load by `Backend.prepare` (same logical shape, dtype and values)."""
 
     fn: Callable[..., Any]
     caps: OpCaps
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None

@@ -1,27 +1,44 @@
 """The backend interface: one method per op of SPEC 2, with the argument names of SPEC 6.
 
-`Backend` does what every backend shares: validate inputs (`backends.validation`), check the
-backend's declared capabilities and raise `NotSupported` with every reason, count calls, then call
-the backend's own implementation from its `ops` table. A backend subclass is a table (op name ->
-`OpImpl`) plus `available()`; anything not in its table raises `NotSupported`, nothing is inherited
-from the reference.
+`Backend` does what every backend shares, in two halves:
+- the front door (the op methods below): validate shapes, dtypes and devices (`backends.validation`,
+  no host reads), value-check a layout once per `SeqLayout` object (every value check on every call
+  only under GLM5_VALIDATE=values), check the declared capabilities and raise `NotSupported` with
+  every reason, then call the op's torch custom op `torch.ops.glm5.<op>` (`backends/library.py`),
+  which `torch.compile`, `torch.export` and CUDA graphs see as one opaque node;
+- `run`, which the custom op calls at run time: count the call, run the backend's implementation from
+  its `ops` table and, under GLM5_VALIDATE=reference, shadow-check it.
+A backend subclass is a table (op name -> `OpImpl`, built by `backends.table.load_ops`) plus
+`available()`; anything not in its table raises `NotSupported`, nothing is inherited from the reference.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
+from backends import library
 from backends.caps import OpCaps, OpImpl
 from backends.errors import NotSupported
 from backends.layout import SeqLayout
 from backends.ops import OPS
+
+#: GLM5_VALIDATE values: "values" runs every value check on every call; "reference" also shadow-checks
+VALIDATE_MODES = ("", "values", "reference")
+
+
+def validation_mode() -> str:
+    mode = os.environ.get("GLM5_VALIDATE", "")
+    if mode not in VALIDATE_MODES:
+        raise ValueError(f"GLM5_VALIDATE: expected one of {VALIDATE_MODES[1:]} or unset, got {mode!r}")
+    return mode
 
 
 class Backend:
@@ -33,8 +50,15 @@ class Backend:
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
+        #: weights an op had to re-lay out per call because they were not `prepare`d (should stay 0)
+        self.relayouts: Counter[str] = Counter()
+        mode = validation_mode()
+        #: every value check on every call (GLM5_VALIDATE=values or =reference)
+        self.validate_values = mode in ("values", "reference")
         #: GLM5_VALIDATE=reference: also run the reference on every call and compare (backends/shadow.py)
-        self.shadow = os.environ.get("GLM5_VALIDATE", "") == "reference" and self.name != "reference"
+        self.shadow = mode == "reference" and self.name != "reference"
+        #: the name custom ops use to reach this instance (backends/library.py)
+        self.key = library.register_instance(self)
 
     # -- what a backend declares ------------------------------------------------------------------
     def available(self) -> tuple[bool, str]:
@@ -84,15 +108,66 @@ class Backend:
             out.extend(caps.check(dict(args)))
         return out
 
+    @contextlib.contextmanager
+    def validating(self, mode: str = "values") -> Iterator[Backend]:
+        """Run every value check on every call inside the block (as GLM5_VALIDATE=values does)."""
+        if mode not in VALIDATE_MODES[1:2]:
+            raise ValueError(f"mode: expected 'values', got {mode!r}")
+        was, self.validate_values = self.validate_values, True
+        try:
+            yield self
+        finally:
+            self.validate_values = was
+
+    # -- weights laid out once -----------------------------------------------------------------------
+    def prepare(self, op: str, **weights: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The weight arguments of `op` in this backend's own layout, made once after loading (vllm-ascend's
+        `process_weights_after_loading`): e.g. a K-major copy for an operator that wants [K, N].
+
+        A prepared weight keeps the contract's logical shape, dtype and values (only its storage may
+        differ: strides, or a derived form the backend keeps beside it), so the front door validates it
+        as usual, shadow mode and conformance still compare like with like, and every backend accepts
+        every other backend's prepared weights. Identity by default."""
+        impl = self.ops.get(op)
+        if impl is None or impl.prepare is None:
+            return dict(weights)
+        return impl.prepare(dict(weights))
+
     # -- dispatch ---------------------------------------------------------------------------------
     def _call(self, op: str, args: dict[str, Any]) -> Any:
-        OPS[op].validate(**args)
+        spec = OPS[op]
+        spec.validate(**args)
+        if not torch.compiler.is_compiling():  # values cannot be read while tracing
+            layout = args.get("layout")
+            if isinstance(layout, SeqLayout) and (self.validate_values or not layout.trusted):
+                layout.check(args["q"].shape[0], args[spec.cache_arg], spec.cache_arg)
+            if self.validate_values and spec.values is not None:
+                spec.values(**args)
         why = self.reasons(op, args)
         if why:
             raise NotSupported(why, backend=self.name, op=op)
-        self.calls[op] += 1
+        impl = self.ops[op]
+        wants_grad = torch.is_grad_enabled() and any(
+            isinstance(args[n], torch.Tensor) and args[n].requires_grad for n in spec.grad_args
+        )
+        if wants_grad and not impl.caps.differentiable:
+            raise NotSupported(
+                [
+                    f"the backward of {op} is not implemented (inputs require grad; call it under torch.no_grad)"
+                ],
+                backend=self.name,
+                op=op,
+            )
+        if not wants_grad:
+            # the op has no backward here: its outputs do not carry gradients
+            args = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+        return library.call(self.key, op, args)
+
+    def run(self, op: str, args: dict[str, Any], phase: str = "forward") -> Any:
+        """Run this backend's implementation of `op` on validated arguments (called by the custom op)."""
+        self.calls[op if phase == "forward" else f"{op}.{phase}"] += 1
         result = self.ops[op].fn(**args)
-        if self.shadow:
+        if self.shadow and phase == "forward":
             from backends.shadow import shadow_check
 
             shadow_check(self.name, op, args, result, self.ops[op].caps.tie_rule)
@@ -143,17 +218,27 @@ class Backend:
         layout: SeqLayout,
         sm_scale: float,
         d_v: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return_lse: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Absorbed-MLA attention over the keys each query's indices name (SPEC 2.4).
 
         q: [T, H, d_qk] float; kv_cache: ragged [rows, d_qk] or paged [nb, bs, d_qk], dtype of q;
         indices: int32 [T, topk] logical positions (-1 / out of range skipped).
         Returns (out [T, H, d_v] dtype of q, lse [T, H] float32, natural log; empty row: 0 and -inf).
+        return_lse=False (inference): lse is None, and a backend may take a path that cannot produce it.
         Semantics: backends/reference/sparse_mla_attention.py (SPEC 2.4)
         """
         return self._call(
             "sparse_mla_attention",
-            dict(q=q, kv_cache=kv_cache, indices=indices, layout=layout, sm_scale=sm_scale, d_v=d_v),
+            dict(
+                q=q,
+                kv_cache=kv_cache,
+                indices=indices,
+                layout=layout,
+                sm_scale=sm_scale,
+                d_v=d_v,
+                return_lse=return_lse,
+            ),
         )
 
     def dynamic_quant_int8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ Causality is right-down: query i of request b (which has T_b queries) sees key j
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -20,16 +21,26 @@ from backends.validation import check_int, check_tensor, fail
 class SeqLayout:
     """cu_seqlens_q: int32 [B+1]; seqlens_k: int32 [B]; exactly one of
     cu_seqlens_k: int32 [B+1] (ragged cache) or block_table: int32 [B, max_blocks] (paged cache).
+    max_seqlen_k: max(seqlens_k) as a host int, given by whoever built the layout (as FlashAttention's
+    varlen API and vLLM's metadata carry it), so no op has to read it back from the device; None means
+    "not known": it is read once, on first use, or left symbolic while compiling.
 
     Value checks (monotone offsets, block ids in range, ...) need the values on the host; they run once
     per layout object in `check(...)` and are cached, because one layout serves every layer of a step.
+    A layout whose tensors are edited in place after first use is noticed (the tensors' version
+    counters) and checked and read again.
     """
 
     cu_seqlens_q: torch.Tensor
     seqlens_k: torch.Tensor
     cu_seqlens_k: torch.Tensor | None = None
     block_table: torch.Tensor | None = None
+    max_seqlen_k: int | None = None
+    #: built by code that guarantees the invariants (KVCache.begin, an engine's scheduler metadata, a
+    #: custom op rebuilding a checked layout): value checks are skipped unless GLM5_VALIDATE=values
+    trusted: bool = False
     _host: dict = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         check_tensor("layout.cu_seqlens_q", self.cu_seqlens_q, dtype=torch.int32, ndim=1)
@@ -57,6 +68,8 @@ class SeqLayout:
             t = getattr(self, name)
             if t is not None and t.device != self.cu_seqlens_q.device:
                 fail(f"layout.{name}", f"device {self.cu_seqlens_q.device} (as cu_seqlens_q)", t.device)
+        if self.max_seqlen_k is not None and not isinstance(self.max_seqlen_k, int):
+            check_int("layout.max_seqlen_k", self.max_seqlen_k, min_value=0)
 
     # -- derived facts -------------------------------------------------------------------------
     @property
@@ -71,32 +84,51 @@ class SeqLayout:
     def device(self) -> torch.device:
         return self.cu_seqlens_q.device
 
-    def host(self) -> dict[str, list]:
-        """Host copies of the small metadata tensors, made once."""
-        if not self._host:
-            self._host["cu_q"] = self.cu_seqlens_q.tolist()
-            self._host["seqlens_k"] = self.seqlens_k.tolist()
+    def tensors(self) -> tuple[torch.Tensor | None, ...]:
+        """(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table): the layout as custom-op arguments."""
+        return self.cu_seqlens_q, self.seqlens_k, self.cu_seqlens_k, self.block_table
+
+    def _versions(self) -> tuple[int, ...]:
+        return tuple(-1 if t is None else t._version for t in self.tensors())
+
+    def host(self) -> dict:
+        """Host copies of the small metadata tensors, made once per layout (again after an in-place
+        edit). Safe to call from several threads: the copies are built aside and published whole."""
+        h = self._host
+        if h and h["versions"] == self._versions():
+            return h
+        with self._lock:
+            h = self._host
+            versions = self._versions()
+            if h and h["versions"] == versions:
+                return h
+            new: dict = {"versions": versions}
+            new["cu_q"] = self.cu_seqlens_q.tolist()
+            new["seqlens_k"] = self.seqlens_k.tolist()
             if self.cu_seqlens_k is not None:
-                self._host["cu_k"] = self.cu_seqlens_k.tolist()
+                new["cu_k"] = self.cu_seqlens_k.tolist()
             else:
-                self._host["block_table"] = self.block_table.cpu()
-        return self._host
+                new["block_table"] = self.block_table.cpu()
+            self._host = new  # published whole: a reader sees the old copies or the new ones
+            return new
 
     @property
     def num_tokens(self) -> int:
         return self.host()["cu_q"][-1]
 
-    @property
-    def max_seqlen_k(self) -> int:
+    def seqlen_k_max(self) -> int:
+        """max(seqlens_k): the given host int, else read once from the layout's tensors."""
+        if self.max_seqlen_k is not None:
+            return self.max_seqlen_k
         s = self.host()["seqlens_k"]
         return max(s) if s else 0
 
     def check(self, num_tokens: int, cache: torch.Tensor, cache_name: str) -> None:
         """Value checks against the query count and the cache this layout indexes (cached per cache shape)."""
-        key = ("checked", num_tokens, tuple(cache.shape))
-        if key in self._host:
-            return
         h = self.host()
+        key = ("checked", num_tokens, tuple(cache.shape))
+        if key in h:
+            return
         cu_q, seqlens_k = h["cu_q"], h["seqlens_k"]
         if cu_q[0] != 0 or any(b < a for a, b in zip(cu_q, cu_q[1:])):
             fail("layout.cu_seqlens_q", "non-decreasing offsets starting at 0", cu_q)
@@ -104,6 +136,8 @@ class SeqLayout:
             fail("layout.cu_seqlens_q", f"last offset == number of query tokens T={num_tokens}", cu_q[-1])
         if any(s < 0 for s in seqlens_k):
             fail("layout.seqlens_k", "non-negative key counts", seqlens_k)
+        if self.max_seqlen_k is not None and self.max_seqlen_k != max(seqlens_k, default=0):
+            fail("layout.max_seqlen_k", f"max(seqlens_k) = {max(seqlens_k, default=0)}", self.max_seqlen_k)
         if self.cu_seqlens_k is not None:
             if cache.dim() != 2:
                 fail(cache_name, "a ragged cache [rows, D] (the layout has cu_seqlens_k)", tuple(cache.shape))
@@ -145,7 +179,7 @@ class SeqLayout:
                         f"request {b}: block ids in [0, {nb}) for its {need} used blocks",
                         used.tolist(),
                     )
-        self._host[key] = True
+        h[key] = True
 
     # -- helpers used by references and adapters -----------------------------------------------
     def request_bounds(self) -> list[tuple[int, int, int]]:
@@ -165,7 +199,12 @@ class SeqLayout:
     def to(self, device: torch.device | str) -> SeqLayout:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return SeqLayout(
-            move(self.cu_seqlens_q), move(self.seqlens_k), move(self.cu_seqlens_k), move(self.block_table)
+            move(self.cu_seqlens_q),
+            move(self.seqlens_k),
+            move(self.cu_seqlens_k),
+            move(self.block_table),
+            self.max_seqlen_k,
+            self.trusted,
         )
 
     @staticmethod
@@ -186,7 +225,7 @@ class SeqLayout:
         sk = torch.tensor(k_lens, dtype=torch.int32, device=device)
         if block_size is None:
             cu_k = torch.tensor([0] + list(_cumsum(k_lens)), dtype=torch.int32, device=device)
-            return SeqLayout(cu_q, sk, cu_seqlens_k=cu_k)
+            return SeqLayout(cu_q, sk, cu_seqlens_k=cu_k, max_seqlen_k=max(k_lens, default=0))
         check_int("block_size", block_size, min_value=1)
         need = [-(-s // block_size) for s in k_lens]
         max_blocks = max(need, default=0)
@@ -199,7 +238,7 @@ class SeqLayout:
         for b, n in enumerate(need):
             table[b, :n] = torch.tensor(order[i : i + n], dtype=torch.int32)
             i += n
-        return SeqLayout(cu_q, sk, block_table=table.to(device))
+        return SeqLayout(cu_q, sk, block_table=table.to(device), max_seqlen_k=max(k_lens, default=0))
 
 
 def _cumsum(xs: list[int]):

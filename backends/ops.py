@@ -27,8 +27,11 @@ class OpSpec:
     spec_section: str
     dtype_axis: tuple[str, ...]
     dtype_of: Callable[[dict[str, Any]], str]
-    validate: Callable[..., Any]
+    validate: Callable[..., Any]  # shapes, dtypes, devices: every call, no host reads
+    values: Callable[..., Any] | None = None  # value checks: once per layout, or per call in values mode
     cache_arg: str | None = None  # the argument indexed through a SeqLayout, if any
+    #: arguments gradients flow to (the op is differentiable where a backend declares it)
+    grad_args: tuple[str, ...] = ()
 
 
 def _grouped_dtype(a: dict[str, Any]) -> str:
@@ -46,19 +49,29 @@ OPS: dict[str, OpSpec] = {
             FLOATS,
             lambda a: dtype_name(a["q"].dtype),
             v.check_indexer_logits,
+            v.values_indexer_logits,
             "k_cache",
+            ("q", "k_cache", "weights"),
         ),
         OpSpec(
-            "indexer_topk", "2.2", FLOATS, lambda a: dtype_name(a["q"].dtype), v.check_indexer_topk, "k_cache"
+            "indexer_topk",
+            "2.2",
+            FLOATS,
+            lambda a: dtype_name(a["q"].dtype),
+            v.check_indexer_topk,
+            v.values_indexer_topk,
+            "k_cache",
         ),
-        OpSpec("topk", "2.3", FLOATS, lambda a: dtype_name(a["x"].dtype), v.check_topk),
+        OpSpec("topk", "2.3", FLOATS, lambda a: dtype_name(a["x"].dtype), v.check_topk, v.values_topk),
         OpSpec(
             "sparse_mla_attention",
             "2.4",
             FLOATS,
             lambda a: dtype_name(a["q"].dtype),
             v.check_sparse_mla_attention,
+            v.values_sparse_mla_attention,
             "kv_cache",
+            ("q", "kv_cache"),
         ),
         OpSpec(
             "dynamic_quant_int8",
@@ -69,13 +82,22 @@ OPS: dict[str, OpSpec] = {
         ),
         OpSpec("w8a8_matmul", "2.6", FLOATS, lambda a: dtype_name(a["out_dtype"]), v.check_w8a8_matmul),
         OpSpec("w4a8_matmul", "2.7", FLOATS, lambda a: dtype_name(a["out_dtype"]), v.check_w4a8_matmul),
-        OpSpec("grouped_matmul", "2.8", FLOATS + ("w8a8", "w4a8"), _grouped_dtype, v.check_grouped_matmul),
+        OpSpec(
+            "grouped_matmul",
+            "2.8",
+            FLOATS + ("w8a8", "w4a8"),
+            _grouped_dtype,
+            v.check_grouped_matmul,
+            v.values_grouped_matmul,
+        ),
         OpSpec(
             "linear_cross_entropy",
             "2.9",
             FLOATS,
             lambda a: dtype_name(a["h"].dtype),
             v.check_linear_cross_entropy,
+            v.values_linear_cross_entropy,
+            grad_args=("h", "weight"),
         ),
     )
 }

@@ -35,19 +35,24 @@ def check_signature(op: str, fn: Callable[..., Any], where: str = "") -> None:
         raise TypeError(f"{op}{at}: implementation takes {got}, the interface takes {want}")
 
 
-def load_ops(package: str, ops: Iterable[str] = OP_NAMES) -> dict[str, OpImpl]:
-    """op -> OpImpl from `<package>.<op>.IMPL`; a module that is absent or has `IMPL = None` leaves
-    the op out of the table (calling it raises NotSupported with that reason)."""
+def load_ops(package: str, *factory_args: Any, ops: Iterable[str] = OP_NAMES) -> dict[str, OpImpl]:
+    """op -> OpImpl from `<package>.<op>.IMPL`, or from `<package>.<op>.impl(*factory_args)` for a
+    backend whose implementations close over per-instance state (Ascend's operator provider). A module
+    that is absent or has `IMPL = None` leaves the op out of the table (calling it raises NotSupported
+    with that reason)."""
     table: dict[str, OpImpl] = {}
     for op in ops:
         name = f"{package}.{op}"
         if importlib.util.find_spec(name) is None:
             continue
-        impl = getattr(importlib.import_module(name), "IMPL", None)
+        mod = importlib.import_module(name)
+        factory = getattr(mod, "impl", None)
+        impl = factory(*factory_args) if callable(factory) and factory_args else getattr(mod, "IMPL", None)
         if impl is None:
             continue
         if not isinstance(impl, OpImpl):
-            raise TypeError(f"{name}.IMPL: expected a backends.caps.OpImpl or None, got {type(impl).__name__}")
+            got = type(impl).__name__
+            raise TypeError(f"{name}.IMPL: expected a backends.caps.OpImpl or None, got {got}")
         check_signature(op, impl.fn, name)
         table[op] = impl
     return table

@@ -1,8 +1,13 @@
 """Input validation shared by every backend (SPEC 2: a `ValueError` naming the argument, the
 expected and the actual shape/dtype/device).
 
-Each op has one `check_<op>` function; `Backend` calls it before dispatching, so a backend's own
-code may assume well-formed inputs and only has to decline (`NotSupported`) what it cannot serve.
+Validation comes in tiers, so the hot path never reads the device back to the host:
+- `check_<op>`: shapes, dtypes, devices and Python scalars. Every call; no tensor values are read.
+- `values_<op>`: checks that need tensor values (offsets monotone and ending at M, lengths in range,
+  targets in range). They run on every call only under `GLM5_VALIDATE=values` (or `=reference`);
+  layouts are value-checked once per `SeqLayout` object (`SeqLayout.check`), whatever the mode.
+`Backend` calls them before dispatching, so a backend's own code may assume well-formed inputs and
+only has to decline (`NotSupported`) what it cannot serve.
 """
 
 from __future__ import annotations
@@ -75,8 +80,15 @@ def check_int(name: str, v: object, *, min_value: int | None = None) -> int:
 
 
 def _check_cache(name: str, cache: torch.Tensor, layout: SeqLayout, width: int, dtype) -> None:
-    want_nd = 2 if layout.kind == "ragged" else 3
-    check_tensor(name, cache, dtype=dtype, ndim=want_nd)
+    if layout.kind == "ragged" and cache.dim() != 2:
+        fail(name, "a ragged cache [rows, D] (the layout has cu_seqlens_k)", f"shape {_shape(cache)}")
+    if layout.kind == "paged" and cache.dim() != 3:
+        fail(
+            name,
+            "a paged cache [num_blocks, block_size, D] (the layout has block_table)",
+            f"shape {_shape(cache)}",
+        )
+    check_tensor(name, cache, dtype=dtype)
     if cache.shape[-1] != width:
         fail(name, f"last dim {width}", f"shape {_shape(cache)}")
 
@@ -88,7 +100,6 @@ def _check_layout(layout: object, num_tokens: int, cache: torch.Tensor, cache_na
         fail("layout", "a backends.SeqLayout", type(layout).__name__)
     if layout.device != cache.device:
         fail("layout", f"device {cache.device} (as {cache_name})", layout.device)
-    layout.check(num_tokens, cache, cache_name)
 
 
 # -- one checker per op (SPEC 2.x) --------------------------------------------------------------
@@ -106,6 +117,14 @@ def check_indexer_logits(q, k_cache, weights, layout) -> None:
     _check_cache("k_cache", k_cache, layout, d_i, q.dtype)
 
 
+def values_indexer_logits(q, k_cache, weights, layout) -> None:
+    layout.check(q.shape[0], k_cache, "k_cache")
+
+
+def values_indexer_topk(q, k_cache, weights, layout, topk) -> None:
+    layout.check(q.shape[0], k_cache, "k_cache")
+
+
 def check_indexer_topk(q, k_cache, weights, layout, topk) -> None:
     check_indexer_logits(q, k_cache, weights, layout)
     check_int("topk", topk, min_value=1)
@@ -117,13 +136,17 @@ def check_topk(x, k, lengths) -> None:
     if lengths is not None:
         check_tensor("lengths", lengths, dtype=(torch.int32, torch.int64), shape=(x.shape[0],))
         check_same_device(x=x, lengths=lengths)
+
+
+def values_topk(x, k, lengths) -> None:
+    if lengths is not None:
         if lengths.numel():
             lo, hi = int(lengths.min()), int(lengths.max())
             if lo < 0 or hi > x.shape[1]:
                 fail("lengths", f"values in [0, {x.shape[1]}] (columns of x)", f"range [{lo}, {hi}]")
 
 
-def check_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v) -> None:
+def check_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse=True) -> None:
     check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
     t, _, d_qk = q.shape
     check_tensor("kv_cache", kv_cache, ndim=(2, 3))
@@ -142,6 +165,12 @@ def check_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v) -> N
     check_int("d_v", d_v, min_value=1)
     if d_v > d_qk:
         fail("d_v", f"<= d_qk ({d_qk})", d_v)
+    if not isinstance(return_lse, bool):
+        fail("return_lse", "a bool", type(return_lse).__name__)
+
+
+def values_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse=True) -> None:
+    layout.check(q.shape[0], kv_cache, "kv_cache")
 
 
 def check_dynamic_quant_int8(x) -> None:
@@ -189,7 +218,9 @@ def check_w4a8_matmul(x_q, x_scale, w_packed, w_scale, group_size, bias, out_dty
     _check_epilogue(m, n, x_scale, (n, k // group_size), w_scale, bias, out_dtype, x_q=x_q, w_packed=w_packed)
 
 
-def check_grouped_matmul(x, w, group_offsets, x_scale, w_scale, group_size, out_dtype) -> str:
+def check_grouped_matmul(
+    x, w, group_offsets, x_scale=None, w_scale=None, group_size=None, out_dtype=None
+) -> str:
     """Returns the variant: "float", "w8a8" or "w4a8" (chosen by the dtypes of x and w)."""
     check_tensor("x", x, dtype=FLOAT_DTYPES + (torch.int8,), ndim=2)
     m, k = x.shape
@@ -197,13 +228,6 @@ def check_grouped_matmul(x, w, group_offsets, x_scale, w_scale, group_size, out_
     e = w.shape[0]
     check_tensor("group_offsets", group_offsets, dtype=(torch.int32, torch.int64), shape=(e + 1,))
     check_same_device(x=x, w=w, group_offsets=group_offsets)
-    offs = group_offsets.tolist()
-    if offs[0] != 0 or offs[-1] != m or any(b < a for a, b in zip(offs, offs[1:])):
-        fail(
-            "group_offsets",
-            f"non-decreasing offsets from 0 to M={m}",
-            offs if len(offs) <= 16 else f"[{offs[0]}, ..., {offs[-1]}] (length {len(offs)})",
-        )
     if x.dtype in FLOAT_DTYPES:
         if w.dtype != x.dtype:
             fail("w", f"dtype {x.dtype} (as x)", w.dtype)
@@ -234,6 +258,19 @@ def check_grouped_matmul(x, w, group_offsets, x_scale, w_scale, group_size, out_
     fail("w", "dtype int8 (W8A8) or uint8 (packed int4, W4A8) for int8 x", w.dtype)
 
 
+def values_grouped_matmul(
+    x, w, group_offsets, x_scale=None, w_scale=None, group_size=None, out_dtype=None
+) -> None:
+    m = x.shape[0]
+    offs = group_offsets.tolist()
+    if offs[0] != 0 or offs[-1] != m or any(b < a for a, b in zip(offs, offs[1:])):
+        fail(
+            "group_offsets",
+            f"non-decreasing offsets from 0 to M={m}",
+            offs if len(offs) <= 16 else f"[{offs[0]}, ..., {offs[-1]}] (length {len(offs)})",
+        )
+
+
 def check_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
     check_tensor("h", h, dtype=FLOAT_DTYPES, ndim=2)
     n, d = h.shape
@@ -243,7 +280,10 @@ def check_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
     check_tensor("targets", targets, dtype=(torch.int64, torch.int32), shape=(n,))
     check_same_device(h=h, weight=weight, targets=targets)
     check_int("ignore_index", ignore_index)
-    v = weight.shape[0]
+
+
+def values_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
+    n, v = h.shape[0], weight.shape[0]
     if n:
         counted = targets[targets != ignore_index]
         if counted.numel() and (int(counted.min()) < 0 or int(counted.max()) >= v):

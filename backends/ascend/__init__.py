@@ -39,6 +39,7 @@ from backends.ascend import (
     w8a8_matmul,
 )
 from backends.interface import Backend
+from backends.table import load_ops
 
 _MODULES = {
     "indexer_logits": indexer_logits,
@@ -88,7 +89,7 @@ class AscendBackend(Backend):
         self.resolution = _provider.resolve()
         self.provider = self.resolution.provider
         self.device = self.provider.device if self.provider else "npu"
-        self.ops = {op: mod.impl(self.provider) for op, mod in _MODULES.items()} if self.provider else {}
+        self.ops = load_ops("backends.ascend", self.provider) if self.provider else {}
 
     def available(self) -> tuple[bool, str]:
         from kernels_ascend import interpreter_active

@@ -42,7 +42,7 @@ def kernel_logits(
         rows.to(torch.int32),
         start[t_req].to(torch.int32).contiguous(),
         visible.contiguous(),
-        layout.max_seqlen_k,
+        layout.seqlen_k_max(),
     )
     return logits, visible
 

@@ -53,7 +53,7 @@ def kernel_rows(layout, kv_cache: torch.Tensor, indices: torch.Tensor) -> torch.
 
 
 def impl(provider: OpsProvider) -> OpImpl:
-    def sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v):
+    def sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse=True):
         if operator_reasons(provider, q, d_v):
             from kernels_ascend.sparse_mla_attention import sparse_mla_attention as kernel
 

@@ -13,18 +13,7 @@ from collections import Counter
 import torch
 
 from backends.interface import Backend
-
-OP_NAMES = (
-    "indexer_logits",
-    "indexer_topk",
-    "topk",
-    "sparse_mla_attention",
-    "dynamic_quant_int8",
-    "w8a8_matmul",
-    "w4a8_matmul",
-    "grouped_matmul",
-    "linear_cross_entropy",
-)
+from backends.table import load_ops
 
 
 def _load_ops() -> dict:
@@ -32,8 +21,7 @@ def _load_ops() -> dict:
     their kernels), so the backend still loads and `available()` says why it cannot run."""
     if importlib.util.find_spec("triton") is None:
         return {}
-    mods = {op: importlib.import_module(f"backends.cuda.{op}") for op in OP_NAMES}
-    return {op: mod.IMPL for op, mod in mods.items() if mod.IMPL is not None}
+    return load_ops("backends.cuda")
 
 
 class CudaBackend(Backend):

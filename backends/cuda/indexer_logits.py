@@ -19,7 +19,7 @@ def indexer_logits(
     Returns [T, max(seqlens_k)] float32, -inf where not causal.
     Semantics: backends/reference/indexer_logits.py (SPEC 2.1)
     """
-    return _kernel(q, k_cache, weights, s_max=layout.max_seqlen_k, **_indexer.layout_args(layout))
+    return _kernel(q, k_cache, weights, s_max=layout.seqlen_k_max(), **_indexer.layout_args(layout))
 
 
 IMPL = OpImpl(

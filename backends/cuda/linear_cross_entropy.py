@@ -82,7 +82,11 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, chunk_rows)
 
 
-IMPL = OpImpl(linear_cross_entropy, OpCaps(
+def _linear_cross_entropy(h, weight, targets, ignore_index=-100):
+    return linear_cross_entropy(h, weight, targets, ignore_index)
+
+
+IMPL = OpImpl(_linear_cross_entropy, OpCaps(
     FLOATS, differentiable=True,
     # the mean's fp32 sum runs over all rows, so one row's contribution is not bitwise batch-independent
     batch_invariant=False,

@@ -64,14 +64,17 @@ def sparse_mla_attention(
     layout: SeqLayout,
     sm_scale: float,
     d_v: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    return_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q: [T, H, d_qk]; kv_cache: ragged [rows, d_qk] or paged [nb, bs, d_qk]; indices: int32 [T, topk].
     Returns (out [T, H, d_v] dtype of q, lse [T, H] float32). Differentiable in q and kv_cache.
     Semantics: backends/reference/sparse_mla_attention.py (SPEC 2.4)
     """
     if torch.is_grad_enabled() and (q.requires_grad or kv_cache.requires_grad):
-        return SparseMLAFunction.apply(q, kv_cache, indices, layout, sm_scale, d_v, _forward, _backward)
-    return _forward(q, kv_cache, indices, layout, sm_scale, d_v)
+        out, lse = SparseMLAFunction.apply(q, kv_cache, indices, layout, sm_scale, d_v, _forward, _backward)
+    else:
+        out, lse = _forward(q, kv_cache, indices, layout, sm_scale, d_v)
+    return out, (lse if return_lse else None)
 
 
 IMPL = OpImpl(

@@ -12,44 +12,24 @@ import platform
 from collections import Counter
 
 from backends.interface import Backend
+from backends.table import load_ops
 
 _DEPS = ("onnx", "onnxscript", "onnxruntime")
-try:
-    from backends.onnxruntime import (
-        dynamic_quant_int8,
-        grouped_matmul,
-        indexer_logits,
-        indexer_topk,
-        linear_cross_entropy,
-        sparse_mla_attention,
-        topk,
-        w4a8_matmul,
-        w8a8_matmul,
-    )
-except ModuleNotFoundError as exc:  # only a missing optional dependency is reported by available()
+try:  # the op modules import onnxscript at import time: a missing extra is reported by available()
+    _OPS = load_ops("backends.onnxruntime")
+except ModuleNotFoundError as exc:
     if exc.name not in _DEPS:
         raise
     _MISSING: str | None = exc.name
-    _MODULES: dict = {}
+    _OPS: dict = {}
 else:
     _MISSING = None
-    _MODULES = {
-        "indexer_logits": indexer_logits,
-        "indexer_topk": indexer_topk,
-        "topk": topk,
-        "sparse_mla_attention": sparse_mla_attention,
-        "dynamic_quant_int8": dynamic_quant_int8,
-        "w8a8_matmul": w8a8_matmul,
-        "w4a8_matmul": w4a8_matmul,
-        "grouped_matmul": grouped_matmul,
-        "linear_cross_entropy": linear_cross_entropy,
-    }
 
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     device = "cpu"
-    ops = {op: mod.IMPL for op, mod in _MODULES.items()}
+    ops = _OPS
 
     def available(self) -> tuple[bool, str]:
         if _MISSING is not None:

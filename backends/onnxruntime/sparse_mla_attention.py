@@ -18,7 +18,8 @@ def sparse_mla_attention(
     layout: SeqLayout,
     sm_scale: float,
     d_v: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    return_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q: [T, H, d_qk] float; kv_cache: ragged [rows, d_qk] or paged [nb, bs, d_qk];
     indices: int32 [T, topk] -> (out [T, H, d_v] dtype of q, lse [T, H] fp32).
     Semantics: backends/reference/sparse_mla_attention.py (SPEC 2.4)"""
@@ -32,7 +33,7 @@ def sparse_mla_attention(
         sm_scale=float(sm_scale),
         d_v=d_v,
     )
-    return out, lse
+    return out, (lse if return_lse else None)
 
 
 IMPL = OpImpl(

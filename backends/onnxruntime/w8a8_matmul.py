@@ -21,6 +21,18 @@ def int32_k_limit(k: int) -> list[str]:
     return []
 
 
+def empty_k_epilogue(
+    m: int, x_scale: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """K = 0: the int32 sum is empty (0), so the output is the epilogue of zero. ORT's MatMulInteger
+    returns an uninitialised [M, N] buffer for an empty inner dimension, so this case never reaches it."""
+    acc = torch.zeros(m, w_scale.shape[0], dtype=torch.float32, device=w_scale.device)
+    out = acc * x_scale.float()[:, None] * w_scale.float()[None, :]
+    if bias is not None:
+        out = out + bias.float()[None, :]
+    return out.to(out_dtype)
+
+
 def w8a8_matmul(
     x_q: torch.Tensor,
     x_scale: torch.Tensor,
@@ -32,6 +44,8 @@ def w8a8_matmul(
     """x_q: int8 [M, K]; x_scale: f32 [M]; w_q: int8 [N, K]; w_scale: f32 [N]; bias: [N] or None
     -> [M, N] out_dtype.
     Semantics: backends/reference/w8a8_matmul.py (SPEC 2.6)"""
+    if x_q.shape[1] == 0:
+        return empty_k_epilogue(x_q.shape[0], x_scale, w_scale, bias, out_dtype)
     inputs = {"x_q": x_q, "x_scale": x_scale, "w_q": w_q, "w_scale": w_scale}
     if bias is not None:
         inputs["bias"] = bias

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.ops import FLOATS
 
 
 @reference_op("dynamic_quant_int8")
@@ -17,3 +19,6 @@ def dynamic_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = xf.abs().amax(dim=1).clamp_min(1e-10) / 127  # [M] fp32
     x_q = torch.round(xf / scale[:, None]).clamp(-127, 127).to(torch.int8)  # torch.round is half-to-even
     return x_q, scale
+
+
+IMPL = OpImpl(dynamic_quant_int8, OpCaps(FLOATS))

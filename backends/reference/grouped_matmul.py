@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.ops import FLOATS
 from backends.reference.w4a8_matmul import w4a8_matmul
 from backends.reference.w8a8_matmul import w8a8_matmul
 
@@ -42,3 +44,6 @@ def grouped_matmul(
         else:
             out[r] = w4a8_matmul(x[r], x_scale[r], w[e], w_scale[e], group_size, out_dtype=out_dtype)
     return out
+
+
+IMPL = OpImpl(grouped_matmul, OpCaps(FLOATS + ("w8a8", "w4a8")))

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.layout import SeqLayout
+from backends.ops import FLOATS
 from backends.reference._cache import causal_counts, keys_of_request
 
 # Bound the [tq, H_I, S] fp32 intermediate (elements).
@@ -29,7 +31,7 @@ def indexer_logits(
     q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, layout: SeqLayout
 ) -> torch.Tensor:
     t, h_i, _ = q.shape  # q: [T, H_I, D_I]
-    out = torch.full((t, layout.max_seqlen_k), float("-inf"), dtype=torch.float32)
+    out = torch.full((t, layout.seqlen_k_max()), float("-inf"), dtype=torch.float32)
     for b, (q0, q1, s) in enumerate(layout.request_bounds()):
         if q1 == q0 or s == 0:
             continue
@@ -42,3 +44,6 @@ def indexer_logits(
             causal = torch.arange(s)[None, :] < visible[a - q0 : z - q0, None]
             out[a:z, :s] = scores.masked_fill(~causal, float("-inf"))
     return out
+
+
+IMPL = OpImpl(indexer_logits, OpCaps(FLOATS, ("ragged", "paged"), differentiable=True))

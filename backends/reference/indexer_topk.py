@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.layout import SeqLayout
+from backends.ops import FLOATS
 from backends.reference._cache import causal_counts, keys_of_request
 from backends.reference.indexer_logits import indexer_logits, score_block
 from backends.reference.topk import rule_order
@@ -64,3 +66,6 @@ def _block_topk(q, keys, weights, visible, topk) -> torch.Tensor:
         best_val, best_idx, best_ok = val.gather(1, order), idx.gather(1, order), ok.gather(1, order)
     res = torch.where(best_ok, best_idx, -1).to(torch.int32)
     return torch.nn.functional.pad(res, (0, topk - res.shape[1]), value=-1)
+
+
+IMPL = OpImpl(indexer_topk, OpCaps(FLOATS, ("ragged", "paged"), tie_rule="lower_index"))

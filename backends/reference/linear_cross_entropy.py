@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.ops import FLOATS
 
 # Rows per chunk are chosen so one chunk's fp32 logits stay under this many elements.
 _CHUNK_ELEMS = 1 << 24
@@ -70,3 +72,6 @@ def linear_cross_entropy(
     h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
 ) -> torch.Tensor:
     return _ChunkedLinearCrossEntropy.apply(h, weight, targets, ignore_index)
+
+
+IMPL = OpImpl(linear_cross_entropy, OpCaps(FLOATS, differentiable=True))

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.layout import SeqLayout
+from backends.ops import FLOATS
 from backends.reference._cache import gather_rows
 
 # Bound the gathered [tq, topk, d_qk] fp32 keys (elements).
@@ -30,7 +32,8 @@ def sparse_mla_attention(
     layout: SeqLayout,
     sm_scale: float,
     d_v: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    return_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     t, h, d_qk = q.shape  # q: [T, H, d_qk]
     n_idx = indices.shape[1]  # indices: [T, topk]
     outs, lses = [], []
@@ -49,5 +52,10 @@ def sparse_mla_attention(
             outs.append(torch.einsum("thk,tkd->thd", prob, keys[..., :d_v]))
             lses.append(lse)
     if not outs:
-        return q.new_zeros((t, h, d_v)), torch.full((t, h), float("-inf"))
-    return torch.cat(outs).to(q.dtype), torch.cat(lses)
+        out, lse = q.new_zeros((t, h, d_v)), torch.full((t, h), float("-inf"))
+    else:
+        out, lse = torch.cat(outs).to(q.dtype), torch.cat(lses)
+    return out, (lse if return_lse else None)
+
+
+IMPL = OpImpl(sparse_mla_attention, OpCaps(FLOATS, ("ragged", "paged"), differentiable=True))

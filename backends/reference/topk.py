@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.ops import FLOATS
 
 
 def rule_order(values: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
@@ -42,3 +44,6 @@ def topk(x: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> tuple[
         indices = torch.cat([indices, indices.new_full((r, k - c), -1)], dim=1)
         values = torch.cat([values, values.new_full((r, k - c), float("-inf"))], dim=1)
     return values, indices
+
+
+IMPL = OpImpl(topk, OpCaps(FLOATS, tie_rule="lower_index"))

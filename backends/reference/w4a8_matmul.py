@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.ops import FLOATS
 from backends.reference.w8a8_matmul import int_matmul_exact
 
 
@@ -56,3 +58,6 @@ def w4a8_matmul(
     if bias is not None:
         out = out + bias.float()[None, :]
     return out.to(out_dtype)
+
+
+IMPL = OpImpl(w4a8_matmul, OpCaps(FLOATS))

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.ops import FLOATS
 
 
 def int_matmul_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -43,3 +45,6 @@ def w8a8_matmul(
 ) -> torch.Tensor:
     acc = int_matmul_exact(x_q, w_q)  # [M, N], exact
     return scale_epilogue(acc, x_scale, w_scale, bias, out_dtype)
+
+
+IMPL = OpImpl(w8a8_matmul, OpCaps(FLOATS))

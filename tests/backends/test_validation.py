@@ -155,7 +155,7 @@ CASES = [
         "meta",
     ),
     ("sparse_mla_attention", dict(kv_cache=z(5, 7)), "kv_cache", "last dim 6", "shape [5, 7]"),
-    ("sparse_mla_attention", dict(kv_cache=z(3, 2, 6)), "kv_cache", "a ragged cache", "(3, 2, 6)"),
+    ("sparse_mla_attention", dict(kv_cache=z(3, 2, 6)), "kv_cache", "a ragged cache", "shape [3, 2, 6]"),
     ("sparse_mla_attention", dict(sm_scale=float("nan")), "sm_scale", "a finite float", "nan"),
     ("sparse_mla_attention", dict(sm_scale=float("-inf")), "sm_scale", "a finite float", "-inf"),
     ("sparse_mla_attention", dict(sm_scale=True), "sm_scale", "a finite float", "True"),
@@ -318,7 +318,7 @@ def _method(op: str) -> str:
 def test_check_raises_value_error_naming_the_argument(op, over, arg, expected, actual):
     ref = backends.get("reference")
     before = dict(ref.calls)
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError) as err, ref.validating():  # value checks too (GLM5_VALIDATE=values)
         getattr(ref, _method(op))(**(base(op) | over))
     msg = str(err.value)
     assert msg.startswith(f"{arg}: expected "), msg
@@ -352,4 +352,30 @@ def test_ignore_index_inside_the_vocabulary_is_not_a_target():
     ref = backends.get("reference")
     ref.linear_cross_entropy(z(2, 4), z(6, 4), torch.tensor([3, 9]), ignore_index=9)
     with pytest.raises(ValueError, match=r"^targets: expected values in \[0, V=6\) or ignore_index=3, got"):
-        ref.linear_cross_entropy(z(2, 4), z(6, 4), torch.tensor([3, 9]), ignore_index=3)
+        with ref.validating():
+            ref.linear_cross_entropy(z(2, 4), z(6, 4), torch.tensor([3, 9]), ignore_index=3)
+
+
+#: (op, overrides) whose only fault is in tensor VALUES: checked per call only in values mode
+VALUE_ONLY = [
+    ("topk", dict(lengths=torch.tensor([1, 6, 3]))),
+    ("grouped_matmul", dict(group_offsets=torch.tensor([0, 4, 3]))),
+]
+
+
+@pytest.mark.parametrize(("op", "over"), VALUE_ONLY, ids=[c[0] for c in VALUE_ONLY])
+def test_value_checks_run_only_in_values_mode(op, over, monkeypatch):
+    """The hot path reads no tensor values: a values-only fault passes the default front door (the op
+    then computes garbage, as a kernel would) and is caught under GLM5_VALIDATE=values."""
+    from backends.ops import OPS
+
+    args = base(op) | over
+    reads = []
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or [])
+        m.setattr(torch.Tensor, "item", lambda self: reads.append(1) or 0)
+        OPS[op].validate(**args)  # the always-on tier accepts it, without a host read
+    assert reads == []
+    ref = backends.get("reference")
+    with pytest.raises(ValueError), ref.validating():
+        getattr(ref, _method(op))(**args)

@@ -1,0 +1,471 @@
+"""The contract ops as torch custom ops: `torch.ops.glm5.<op>`, registered once, for every backend.
+
+Engines host kernels this way (vLLM and SGLang register theirs with `torch.library`): the op is one
+opaque node to `torch.compile`, `torch.export` and CUDA graphs, with a fake implementation that gives
+output shapes and dtypes without running anything. Inside, the real implementation dispatches to the
+backend instance named by the op's last argument (`Backend.key`), so one registration serves every
+backend, built-in or plugin.
+
+A `SeqLayout` crosses the boundary as its tensors plus `max_seqlen_k` (-1: unknown). Differentiable
+ops get autograd through a `<op>_backward` custom op that recomputes the backend's forward under
+autograd and differentiates it (activation recomputation; a backend whose forward is an
+`autograd.Function` with its own backward kernel, like cuda's sparse attention, runs that kernel).
+
+Semantics of every op: backends/reference/<op>.py (docs/spec.md section 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from backends.layout import SeqLayout
+
+if TYPE_CHECKING:
+    from backends.interface import Backend
+
+NAMESPACE = "glm5"
+
+_live: weakref.WeakValueDictionary[str, Backend] = weakref.WeakValueDictionary()
+_live_lock = threading.Lock()
+
+
+def register_instance(backend: Backend) -> str:
+    """The key custom ops use to reach this backend instance (held weakly)."""
+    key = f"{backend.name}@{id(backend):x}"
+    with _live_lock:
+        _live[key] = backend
+    return key
+
+
+def instance(key: str) -> Backend:
+    be = _live.get(key)
+    if be is None:
+        raise RuntimeError(f"backend instance {key!r} no longer exists (a graph outlived its backend?)")
+    return be
+
+
+def _layout(cu_q: Tensor, seqlens_k: Tensor, cu_k: Tensor | None, bt: Tensor | None, max_k: int) -> SeqLayout:
+    return SeqLayout(cu_q, seqlens_k, cu_k, bt, max_k if max_k >= 0 else None, trusted=True)
+
+
+def layout_args(layout: SeqLayout) -> tuple:
+    """A SeqLayout as custom-op arguments: its four tensors and max_seqlen_k (-1 if unknown)."""
+    return (*layout.tensors(), -1 if layout.max_seqlen_k is None else layout.max_seqlen_k)
+
+
+def _storages(ts: Sequence[Any]) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in ts if isinstance(t, Tensor) and t.numel()}
+
+
+def _fresh(result: Any, inputs: dict[str, Any]) -> Any:
+    """Custom-op outputs may not alias inputs (functionalization relies on it): copy any that do."""
+    outs = result if isinstance(result, tuple) else (result,)
+    ins = _storages(list(inputs.values()))
+    fixed = tuple(
+        o.clone() if isinstance(o, Tensor) and o.numel() and _storages([o]) & ins else o for o in outs
+    )
+    return fixed if isinstance(result, tuple) else fixed[0]
+
+
+def _run(key: str, op: str, args: dict[str, Any]) -> Any:
+    return _fresh(instance(key).run(op, args), args)
+
+
+@contextlib.contextmanager
+def _autograd_inside_op():
+    """Autograd inside a custom op's implementation: the dispatcher excludes the autograd keys below an
+    op's autograd kernel, so a backward that recomputes its forward under autograd turns them back on."""
+    key = torch._C.DispatchKey.AutogradFunctionality
+    was = torch._C._dispatch_tls_is_dispatch_key_excluded(key)
+    torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, was)
+
+
+def _grads(
+    key: str, op: str, args: dict[str, Any], grad_outputs: Sequence[Tensor | None], wrt: Sequence[str]
+):
+    """Gradients of the backend's forward w.r.t. `wrt`, by recomputing it under autograd."""
+    be = instance(key)
+    with _autograd_inside_op():
+        leaves = {n: args[n].detach().requires_grad_() for n in wrt}
+        out = be.run(op, {**args, **leaves}, phase="backward")
+        outs = out if isinstance(out, tuple) else (out,)
+        pairs = [
+            (o, g)
+            for o, g in zip(outs, grad_outputs)
+            if g is not None and isinstance(o, Tensor) and o.requires_grad and g.numel()
+        ]
+    got = (
+        torch.autograd.grad(
+            [o for o, _ in pairs], list(leaves.values()), [g for _, g in pairs], allow_unused=True
+        )
+        if pairs
+        else [None] * len(wrt)
+    )
+    return tuple(torch.zeros_like(leaves[n]) if g is None else g.detach() for n, g in zip(wrt, got))
+
+
+def _lib_op(name: str):
+    return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=())
+
+
+# -- indexer_logits (SPEC 2.1) ---------------------------------------------------------------------
+
+
+@_lib_op("indexer_logits")
+def indexer_logits(
+    q: Tensor,
+    k_cache: Tensor,
+    weights: Tensor,
+    cu_seqlens_q: Tensor,
+    seqlens_k: Tensor,
+    cu_seqlens_k: Tensor | None,
+    block_table: Tensor | None,
+    max_seqlen_k: int,
+    backend: str,
+) -> Tensor:
+    layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
+    return _run(backend, "indexer_logits", dict(q=q, k_cache=k_cache, weights=weights, layout=layout))
+
+
+@indexer_logits.register_fake
+def _(q, k_cache, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k, backend):
+    s = max_seqlen_k if max_seqlen_k >= 0 else torch.library.get_ctx().new_dynamic_size()
+    return q.new_empty((q.shape[0], s), dtype=torch.float32)
+
+
+@_lib_op("indexer_logits_backward")
+def indexer_logits_backward(
+    grad: Tensor,
+    q: Tensor,
+    k_cache: Tensor,
+    weights: Tensor,
+    cu_seqlens_q: Tensor,
+    seqlens_k: Tensor,
+    cu_seqlens_k: Tensor | None,
+    block_table: Tensor | None,
+    max_seqlen_k: int,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
+    args = dict(q=q, k_cache=k_cache, weights=weights, layout=layout)
+    return _grads(backend, "indexer_logits", args, [grad], ("q", "k_cache", "weights"))
+
+
+@indexer_logits_backward.register_fake
+def _(grad, q, k_cache, weights, *rest):
+    return torch.empty_like(q), torch.empty_like(k_cache), torch.empty_like(weights)
+
+
+def _indexer_logits_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:7])
+    ctx.scalars = inputs[7:]
+
+
+def _indexer_logits_bwd(ctx, grad):
+    dq, dk, dw = indexer_logits_backward(grad, *ctx.saved_tensors, *ctx.scalars)
+    return dq, dk, dw, None, None, None, None, None, None
+
+
+indexer_logits.register_autograd(_indexer_logits_bwd, setup_context=_indexer_logits_setup)
+
+# -- indexer_topk (SPEC 2.2) -----------------------------------------------------------------------
+
+
+@_lib_op("indexer_topk")
+def indexer_topk(
+    q: Tensor,
+    k_cache: Tensor,
+    weights: Tensor,
+    cu_seqlens_q: Tensor,
+    seqlens_k: Tensor,
+    cu_seqlens_k: Tensor | None,
+    block_table: Tensor | None,
+    max_seqlen_k: int,
+    topk: int,
+    backend: str,
+) -> Tensor:
+    layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
+    return _run(
+        backend, "indexer_topk", dict(q=q, k_cache=k_cache, weights=weights, layout=layout, topk=topk)
+    )
+
+
+@indexer_topk.register_fake
+def _(q, k_cache, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k, topk, backend):
+    return q.new_empty((q.shape[0], topk), dtype=torch.int32)
+
+
+# -- topk (SPEC 2.3) -------------------------------------------------------------------------------
+
+
+@_lib_op("topk")
+def topk(x: Tensor, k: int, lengths: Tensor | None, backend: str) -> tuple[Tensor, Tensor]:
+    return _run(backend, "topk", dict(x=x, k=k, lengths=lengths))
+
+
+@topk.register_fake
+def _(x, k, lengths, backend):
+    return x.new_empty((x.shape[0], k)), x.new_empty((x.shape[0], k), dtype=torch.int32)
+
+
+# -- sparse_mla_attention (SPEC 2.4) ---------------------------------------------------------------
+
+
+@_lib_op("sparse_mla_attention")
+def sparse_mla_attention(
+    q: Tensor,
+    kv_cache: Tensor,
+    indices: Tensor,
+    cu_seqlens_q: Tensor,
+    seqlens_k: Tensor,
+    cu_seqlens_k: Tensor | None,
+    block_table: Tensor | None,
+    max_seqlen_k: int,
+    sm_scale: float,
+    d_v: int,
+    return_lse: bool,
+    backend: str,
+) -> tuple[Tensor, Tensor]:
+    """lse is an empty [0] float32 tensor when return_lse is False (a schema has no optional outputs)."""
+    layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
+    args = dict(
+        q=q,
+        kv_cache=kv_cache,
+        indices=indices,
+        layout=layout,
+        sm_scale=sm_scale,
+        d_v=d_v,
+        return_lse=return_lse,
+    )
+    out, lse = _run(backend, "sparse_mla_attention", args)
+    if not return_lse or lse is None:
+        lse = q.new_empty((0,), dtype=torch.float32)
+    return out, lse
+
+
+@sparse_mla_attention.register_fake
+def _(q, kv_cache, indices, cu_q, sk, cu_k, bt, max_k, sm_scale, d_v, return_lse, backend):
+    t, h, _ = q.shape
+    lse = q.new_empty((t, h) if return_lse else (0,), dtype=torch.float32)
+    return q.new_empty((t, h, d_v)), lse
+
+
+@_lib_op("sparse_mla_attention_backward")
+def sparse_mla_attention_backward(
+    d_out: Tensor,
+    d_lse: Tensor | None,
+    q: Tensor,
+    kv_cache: Tensor,
+    indices: Tensor,
+    cu_seqlens_q: Tensor,
+    seqlens_k: Tensor,
+    cu_seqlens_k: Tensor | None,
+    block_table: Tensor | None,
+    max_seqlen_k: int,
+    sm_scale: float,
+    d_v: int,
+    return_lse: bool,
+    backend: str,
+) -> tuple[Tensor, Tensor]:
+    layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
+    args = dict(
+        q=q, kv_cache=kv_cache, indices=indices, layout=layout, sm_scale=sm_scale, d_v=d_v, return_lse=True
+    )
+    grads = [d_out, d_lse if return_lse else None]
+    return _grads(backend, "sparse_mla_attention", args, grads, ("q", "kv_cache"))
+
+
+@sparse_mla_attention_backward.register_fake
+def _(d_out, d_lse, q, kv_cache, *rest):
+    return torch.empty_like(q), torch.empty_like(kv_cache)
+
+
+def _sparse_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:7])
+    ctx.scalars = inputs[7:]
+
+
+def _sparse_bwd(ctx, d_out, d_lse):
+    dq, dkv = sparse_mla_attention_backward(d_out, d_lse, *ctx.saved_tensors, *ctx.scalars)
+    return (dq, dkv) + (None,) * 10
+
+
+sparse_mla_attention.register_autograd(_sparse_bwd, setup_context=_sparse_setup)
+
+# -- dynamic_quant_int8 (SPEC 2.5) -----------------------------------------------------------------
+
+
+@_lib_op("dynamic_quant_int8")
+def dynamic_quant_int8(x: Tensor, backend: str) -> tuple[Tensor, Tensor]:
+    return _run(backend, "dynamic_quant_int8", dict(x=x))
+
+
+@dynamic_quant_int8.register_fake
+def _(x, backend):
+    return x.new_empty(x.shape, dtype=torch.int8), x.new_empty((x.shape[0],), dtype=torch.float32)
+
+
+# -- w8a8_matmul / w4a8_matmul (SPEC 2.6, 2.7) -----------------------------------------------------
+
+
+@_lib_op("w8a8_matmul")
+def w8a8_matmul(
+    x_q: Tensor,
+    x_scale: Tensor,
+    w_q: Tensor,
+    w_scale: Tensor,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+    backend: str,
+) -> Tensor:
+    args = dict(x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale=w_scale, bias=bias, out_dtype=out_dtype)
+    return _run(backend, "w8a8_matmul", args)
+
+
+@w8a8_matmul.register_fake
+def _(x_q, x_scale, w_q, w_scale, bias, out_dtype, backend):
+    return x_q.new_empty((x_q.shape[0], w_q.shape[0]), dtype=out_dtype)
+
+
+@_lib_op("w4a8_matmul")
+def w4a8_matmul(
+    x_q: Tensor,
+    x_scale: Tensor,
+    w_packed: Tensor,
+    w_scale: Tensor,
+    group_size: int,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+    backend: str,
+) -> Tensor:
+    args = dict(
+        x_q=x_q,
+        x_scale=x_scale,
+        w_packed=w_packed,
+        w_scale=w_scale,
+        group_size=group_size,
+        bias=bias,
+        out_dtype=out_dtype,
+    )
+    return _run(backend, "w4a8_matmul", args)
+
+
+@w4a8_matmul.register_fake
+def _(x_q, x_scale, w_packed, w_scale, group_size, bias, out_dtype, backend):
+    return x_q.new_empty((x_q.shape[0], w_packed.shape[0]), dtype=out_dtype)
+
+
+# -- grouped_matmul (SPEC 2.8) ---------------------------------------------------------------------
+
+
+@_lib_op("grouped_matmul")
+def grouped_matmul(
+    x: Tensor,
+    w: Tensor,
+    group_offsets: Tensor,
+    x_scale: Tensor | None,
+    w_scale: Tensor | None,
+    group_size: int | None,
+    out_dtype: torch.dtype | None,
+    backend: str,
+) -> Tensor:
+    args = dict(
+        x=x,
+        w=w,
+        group_offsets=group_offsets,
+        x_scale=x_scale,
+        w_scale=w_scale,
+        group_size=group_size,
+        out_dtype=out_dtype,
+    )
+    return _run(backend, "grouped_matmul", args)
+
+
+@grouped_matmul.register_fake
+def _(x, w, group_offsets, x_scale, w_scale, group_size, out_dtype, backend):
+    dtype = out_dtype if out_dtype is not None else x.dtype
+    return x.new_empty((x.shape[0], w.shape[1]), dtype=dtype)
+
+
+# -- linear_cross_entropy (SPEC 2.9) ---------------------------------------------------------------
+
+
+@_lib_op("linear_cross_entropy")
+def linear_cross_entropy(
+    h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, backend: str
+) -> Tensor:
+    return _run(
+        backend, "linear_cross_entropy", dict(h=h, weight=weight, targets=targets, ignore_index=ignore_index)
+    )
+
+
+@linear_cross_entropy.register_fake
+def _(h, weight, targets, ignore_index, backend):
+    return h.new_empty((), dtype=torch.float32)
+
+
+@_lib_op("linear_cross_entropy_backward")
+def linear_cross_entropy_backward(
+    grad: Tensor, h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, backend: str
+) -> tuple[Tensor, Tensor]:
+    args = dict(h=h, weight=weight, targets=targets, ignore_index=ignore_index)
+    return _grads(backend, "linear_cross_entropy", args, [grad], ("h", "weight"))
+
+
+@linear_cross_entropy_backward.register_fake
+def _(grad, h, weight, targets, ignore_index, backend):
+    return torch.empty_like(h), torch.empty_like(weight)
+
+
+def _lce_setup(ctx, inputs, output):
+    h, weight, targets, ignore_index, backend = inputs
+    ctx.save_for_backward(h, weight, targets)
+    ctx.scalars = (ignore_index, backend)
+
+
+def _lce_bwd(ctx, grad):
+    dh, dw = linear_cross_entropy_backward(grad, *ctx.saved_tensors, *ctx.scalars)
+    return dh, dw, None, None, None
+
+
+linear_cross_entropy.register_autograd(_lce_bwd, setup_context=_lce_setup)
+
+#: op name -> the custom op (torch.ops.glm5.<op>)
+CUSTOM_OPS = {
+    "indexer_logits": indexer_logits,
+    "indexer_topk": indexer_topk,
+    "topk": topk,
+    "sparse_mla_attention": sparse_mla_attention,
+    "dynamic_quant_int8": dynamic_quant_int8,
+    "w8a8_matmul": w8a8_matmul,
+    "w4a8_matmul": w4a8_matmul,
+    "grouped_matmul": grouped_matmul,
+    "linear_cross_entropy": linear_cross_entropy,
+}
+
+
+def call(key: str, op: str, args: dict[str, Any]) -> Any:
+    """Call op's custom op with the interface's named arguments (the layout flattened)."""
+    a = dict(args)
+    layout = a.pop("layout", None)
+    flat = list(a.values())
+    if layout is not None:
+        # the layout's tensors go right after the tensor arguments that precede it in the interface
+        n_before = {"indexer_logits": 3, "indexer_topk": 3, "sparse_mla_attention": 3}[op]
+        flat = flat[:n_before] + list(layout_args(layout)) + flat[n_before:]
+    out = CUSTOM_OPS[op](*flat, key)
+    if op == "sparse_mla_attention" and not args.get("return_lse", True):
+        return out[0], None
+    return out
