@@ -19,6 +19,7 @@ Entries that match no case of a run are reported as unused, so stale loosenings 
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,8 +145,11 @@ def parse(data: Any, path: str = "<manifest>") -> Manifest:
                 for k in TOL_KEYS:
                     if k in item:
                         v = item[k]
-                        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                            raise _err(path, i, section, f"{k}: expected a non-negative number, got {v!r}")
+                        # NaN compares false with everything: a NaN bound would pass every comparison
+                        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                                or v < 0:
+                            raise _err(path, i, section, f"{k}: expected a finite non-negative number, "
+                                       f"got {v!r}")
                         e.params[k] = float(v)
                 if not e.params:
                     raise _err(path, i, section, f"give at least one of {TOL_KEYS}")

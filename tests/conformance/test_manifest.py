@@ -27,6 +27,8 @@ def test_missing_reason_is_an_error():
         ({"expectations": [{"match": "x", "status": "xfail", "reason": "r", "typo": 1}]}, "unknown keys"),
         ({"tolerances": [{"match": "x", "reason": "r"}]}, "at least one"),
         ({"tolerances": [{"match": "x", "atol": -1, "reason": "r"}]}, "non-negative"),
+        ({"tolerances": [{"match": "x", "atol": float("nan"), "reason": "r"}]}, "finite"),
+        ({"tolerances": [{"match": "x", "rtol": float("inf"), "reason": "r"}]}, "finite"),
         ({"xfails": []}, "unknown top-level"),
     ],
 )
@@ -41,6 +43,13 @@ def test_files_are_read_with_safe_load(tmp_path):
     with pytest.raises(yaml.YAMLError):
         load(p)
     assert load(tmp_path / "missing.yaml").entries == []
+
+
+def test_nan_tolerance_in_a_yaml_file_is_refused(tmp_path):
+    p = tmp_path / "expectations.yaml"
+    p.write_text("tolerances:\n  - {match: 'topk/*', atol: .nan, reason: 'loosen'}\n")
+    with pytest.raises(ManifestError, match="atol: expected a finite"):
+        load(p)
 
 
 def test_reference_manifest_is_valid_and_empty():
