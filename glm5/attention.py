@@ -95,10 +95,10 @@ class MLAAttention(nn.Module):
         self.sm_scale, self.interleaved = cfg.sm_scale, cfg.rope_interleave
         h, d, bias = cfg.num_attention_heads, cfg.hidden_size, cfg.attention_bias
         self.q_a_proj = nn.Linear(d, cfg.q_lora_rank, bias=bias, dtype=dtype)
-        self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps, dtype)
+        self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.lora_eps, dtype)
         self.q_b_proj = nn.Linear(cfg.q_lora_rank, h * cfg.qk_head_dim, bias=False, dtype=dtype)
         self.kv_a_proj_with_mqa = nn.Linear(d, self.c + self.rope, bias=bias, dtype=dtype)
-        self.kv_a_layernorm = RMSNorm(self.c, cfg.rms_norm_eps, dtype)
+        self.kv_a_layernorm = RMSNorm(self.c, cfg.lora_eps, dtype)
         self.kv_b_proj = nn.Linear(self.c, h * (self.nope + self.v_dim), bias=False, dtype=dtype)
         self.o_proj = nn.Linear(h * self.v_dim, d, bias=bias, dtype=dtype)
         self.indexer = Indexer(cfg, dtype) if has_indexer else None

@@ -29,6 +29,9 @@ class GLM5Config:
     hidden_act: str = "silu"
     max_position_embeddings: int = 202752
     rms_norm_eps: float = 1e-5
+    # eps of q_a_layernorm / kv_a_layernorm; None = rms_norm_eps (vLLM, SGLang, Megatron). transformers
+    # hard-codes 1e-6 there: set 1e-6 to reproduce it (docs/model.md)
+    lora_norm_eps: float | None = None
     rope_parameters: dict = field(default_factory=lambda: {"rope_theta": 1e6, "rope_type": "default"})
     rope_interleave: bool = True
     attention_bias: bool = False
@@ -82,6 +85,11 @@ class GLM5Config:
         return float(self.rope_parameters.get("rope_theta", 1e6))
 
     @property
+    def lora_eps(self) -> float:
+        """The eps q_a_layernorm and kv_a_layernorm use."""
+        return self.rms_norm_eps if self.lora_norm_eps is None else float(self.lora_norm_eps)
+
+    @property
     def sm_scale(self) -> float:
         """Softmax scale of the attention: qk_head_dim ** -0.5 (0.0625 for GLM-5), not 576 ** -0.5."""
         return self.qk_head_dim**-0.5
@@ -100,6 +108,10 @@ class GLM5Config:
                 "'default' (GLM-5 uses no YaRN)",
                 self.rope_parameters.get("rope_type"),
             )
+        if self.lora_norm_eps is not None and not (
+            isinstance(self.lora_norm_eps, (int, float)) and 0 < self.lora_norm_eps < 1
+        ):
+            bad("lora_norm_eps", "None (= rms_norm_eps) or a number in (0, 1)", self.lora_norm_eps)
         if self.scoring_func != "sigmoid":
             bad("scoring_func", "'sigmoid'", self.scoring_func)
         if self.hidden_act != "silu":

@@ -115,3 +115,26 @@ def test_glm5_744b_on_meta_device():
     assert mtp_layer.self_attn.indexer is not None
     assert model.model.layers[5].mlp.experts.gate_proj.shape == (256, 2048, 6144)
     assert model.model.layers[5].self_attn.indexer.weights_proj.weight.dtype == torch.float32
+
+
+def test_lora_norm_eps_reproduces_transformers_q_a_and_kv_a_norms():
+    """transformers hard-codes eps 1e-6 in q_a_layernorm / kv_a_layernorm; lora_norm_eps=1e-6 gives the
+    model exactly that, and None (the default) keeps rms_norm_eps as vLLM / SGLang do."""
+    from tests.glm5._util import make_model, random_ids
+
+    base = make_model(rms_norm_eps=1e-5)
+    hf = make_model(rms_norm_eps=1e-5, lora_norm_eps=1e-6)
+    for m, eps in ((base, 1e-5), (hf, 1e-6)):
+        for layer in m.model.layers:
+            assert layer.self_attn.q_a_layernorm.eps == eps and layer.self_attn.kv_a_layernorm.eps == eps
+    x = torch.randn(3, hf.config.q_lora_rank, dtype=torch.float64) * 1e-3
+    norm = hf.model.layers[0].self_attn.q_a_layernorm
+    want = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.double()
+    torch.testing.assert_close(norm(x.float()).double(), want, rtol=1e-6, atol=0)
+    ids = random_ids(1, 20)
+    with torch.no_grad():
+        assert not torch.equal(base(ids).logits, hf(ids).logits)
+    again = GLM5Config.from_dict(hf.config.to_dict())
+    assert again.lora_norm_eps == 1e-6 and GLM5Config.from_preset("tiny").lora_norm_eps is None
+    with pytest.raises(ValueError, match="lora_norm_eps"):
+        GLM5Config.from_preset("tiny", lora_norm_eps=-1.0)
