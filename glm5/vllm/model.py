@@ -11,6 +11,7 @@ one `Step` from vLLM's metadata, so every hot op is the backend's (`indexer_topk
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -62,6 +63,7 @@ class Glm5BackendsForCausalLM(nn.Module):
         self.dtype = mc.dtype
         name = default_backend(current_platform.device_type)
         self.backend: Backend = backends.get(name)
+        self.counts: Counter[str] = Counter()  # steps and tokens (for tests and logs)
         if self.backend.device != current_platform.device_type:
             raise BackendUnavailable(
                 f"GLM5_BACKEND={name!r} runs on {self.backend.device}, vLLM runs on "
@@ -84,6 +86,7 @@ class Glm5BackendsForCausalLM(nn.Module):
         self.index_caches = nn.ModuleList([m for m in index_k if m is not None])
         self.caches = PagedCaches(latent, index_k)
         self.first_cache = latent[0].prefix
+        self.other_caches = [m.prefix for m in latent[1:]] + [m.prefix for m in index_k if m is not None]
 
     # -- vLLM's model interface ----------------------------------------------------------------------
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -102,10 +105,18 @@ class Glm5BackendsForCausalLM(nn.Module):
         meta = get_forward_context().attn_metadata
         md = meta.get(self.first_cache) if isinstance(meta, dict) else None
         if md is None:  # vLLM's profiling run, before any cache exists: one request, no cache
-            hidden, _ = self.glm._run(input_ids, [input_ids.shape[0]], None)
-            return hidden
+            self.counts["uncached_forwards"] += 1
+            return self.glm.model(input_ids, self.glm.begin_step([input_ids.shape[0]], None))[0]
+        if any(meta.get(p) is not md for p in self.other_caches):
+            raise RuntimeError(
+                "vLLM gave GLM-5's cache layers different metadata in one step; the latent and indexer "
+                "caches must share one KV cache group (one block table)"
+            )
         step = self.step(md, positions)
         n = md.num_tokens
+        self.counts["steps"] += 1
+        self.counts["tokens"] += n
+        self.counts["max_step_tokens"] = max(self.counts["max_step_tokens"], n)
         hidden, _ = self.glm.model(input_ids[:n], step)
         if n == input_ids.shape[0]:
             return hidden
@@ -131,6 +142,6 @@ class Glm5BackendsForCausalLM(nn.Module):
         return {name for name, _ in self.named_parameters()}
 
     # -- facts for tests and logs ---------------------------------------------------------------------
-    def backend_calls(self) -> dict[str, int]:
-        """Calls into the backend's ops so far (for tests: the ops really ran on this backend)."""
-        return {"backend": self.backend.name, **dict(self.backend.calls)}
+    def stats(self) -> dict:
+        """The backend's name, its op calls so far and the step counts (the tests read them)."""
+        return {"backend": self.backend.name, "calls": dict(self.backend.calls), **self.counts}
