@@ -99,7 +99,10 @@ def run_backends(
 @click.option(
     "--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Write a Markdown matrix here."
 )
-def conformance(backend_names, ops, suite, case_glob, dtypes, json_path, junit_path, markdown_path) -> None:
+@click.option("--diff", is_flag=True, help="Compare two backends with each other, case by case.")
+def conformance(
+    backend_names, ops, suite, case_glob, dtypes, json_path, junit_path, markdown_path, diff
+) -> None:
     """Check backends against the CPU reference (SPEC 4): every op x dtype x case, claims both ways,
     determinism claims, proof that the backend's own code ran. Exits non-zero on any failure or when
     zero cases ran."""
@@ -118,6 +121,11 @@ def conformance(backend_names, ops, suite, case_glob, dtypes, json_path, junit_p
         for n, ok, why in backends.available():
             if not ok:
                 console.print(f"[dim]skipping backend {n}: {escape(why)}[/]")
+    if diff:
+        from conformance.diff import main as diff_main
+
+        sel = (_split(ops) or None, suite, case_glob, _split(dtypes) or None)
+        sys.exit(diff_main(names, *sel, json_path, console))
     try:
         runs = run_backends(names, _split(ops) or None, suite, case_glob, _split(dtypes) or None, console)
     except (BackendUnavailable, ManifestError, ValueError) as exc:
