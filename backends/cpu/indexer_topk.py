@@ -24,10 +24,28 @@ QUERY_BLOCK = 128
 KEY_CHUNK = 2048
 
 
-def score_block(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """q [tq, H_I, D_I], keys [s, D_I], weights [tq, H_I] -> [tq, s] fp32 (the reference's einsums)."""
-    dots = torch.einsum("thd,sd->ths", q.float(), keys.float())
-    return torch.einsum("ths,th->ts", dots.relu_(), weights.float())
+class _Scorer:
+    """The reference's logits for one query block, on its shapes, into buffers reused across key chunks
+    (fresh multi-MiB tensors cost more in page faults than the arithmetic on them)."""
+
+    def __init__(self, q: torch.Tensor, weights: torch.Tensor) -> None:
+        tq, h, d = q.shape
+        self.q = q.float().reshape(tq * h, d)
+        self.w = weights.float()[:, None, :]  # [tq, 1, H_I]
+        self.dots = torch.empty(tq * h, KEY_CHUNK)
+        self.out = torch.empty(tq, 1, KEY_CHUNK)
+        self.tq, self.h = tq, h
+
+    def __call__(self, keys: torch.Tensor) -> torch.Tensor:
+        """keys [s <= KEY_CHUNK, D_I] -> [tq, s] fp32: relu(q . k) summed over heads with the weights.
+        mm + bmm compute the same dot products as the reference's two einsums (tests check it bitwise)."""
+        s = keys.shape[0]
+        dots = self.dots[:, :s] if s == KEY_CHUNK else self.dots.view(-1)[: self.tq * self.h * s].view(-1, s)
+        torch.mm(self.q, keys.float().T, out=dots)
+        dots.relu_()
+        out = self.out if s == KEY_CHUNK else self.out.view(-1)[: self.tq * s].view(self.tq, 1, s)
+        torch.bmm(self.w, dots.view(self.tq, self.h, s), out=out)
+        return out[:, 0]
 
 
 def _merge(val, idx, ok, k):
@@ -43,20 +61,20 @@ def _merge(val, idx, ok, k):
     if bool(bad.any()):
         rows = torch.nonzero(bad)[:, 0]
         by_index = torch.sort(idx[rows], dim=1).indices  # rule_order needs index-ordered columns
-        col[rows] = by_index.gather(1, rule_order(val[rows].gather(1, by_index), ok[rows].gather(1, by_index)))[
-            :, :k
-        ]
+        order = rule_order(val[rows].gather(1, by_index), ok[rows].gather(1, by_index))
+        col[rows] = by_index.gather(1, order)[:, :k]
     return val.gather(1, col), idx.gather(1, col), ok.gather(1, col)
 
 
 def _block_topk(q, keys, weights, visible, topk) -> torch.Tensor:
     tq = q.shape[0]
+    score = _Scorer(q, weights)
     best_val = torch.empty(tq, 0)
     best_idx = torch.empty(tq, 0, dtype=torch.int64)
     best_ok = torch.empty(tq, 0, dtype=torch.bool)
     for c0 in range(0, int(visible.max()), KEY_CHUNK):
         c1 = min(c0 + KEY_CHUNK, keys.shape[0])
-        sc = score_block(q, keys[c0:c1], weights)
+        sc = score(keys[c0:c1])
         ar = torch.arange(c0, c1)
         val = torch.cat([best_val, sc], dim=1)
         idx = torch.cat([best_idx, ar.expand(tq, -1)], dim=1)

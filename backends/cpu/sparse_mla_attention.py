@@ -16,20 +16,50 @@ from backends.ops import FLOATS
 GATHER_ELEMS = 1 << 22
 
 
-def _block(q, cache, rows, valid, sm_scale, d_v, grad):
-    """q [tq, H, d_qk] fp32, rows/valid [tq, n] -> (out [tq, H, d_v] fp32, lse [tq, H])."""
+def _block_grad(q, cache, rows, valid, sm_scale, d_v):
+    """q [tq, H, d_qk] fp32, rows/valid [tq, n] -> (out [tq, H, d_v] fp32, lse [tq, H]); autograd-safe."""
     tq, n = rows.shape
     keys = flat(cache).index_select(0, rows.reshape(-1)).view(tq, n, -1).float()
-    full = bool(valid.all())
-    if not full:  # rows of skipped indices are never read as values (they may hold NaN)
-        keys = keys.masked_fill(~valid[..., None], 0) if grad else keys.masked_fill_(~valid[..., None], 0)
-    p = torch.bmm(q * sm_scale, keys.transpose(1, 2))  # [tq, H, n]
-    if not full:
-        p = p.masked_fill(~valid[:, None, :], float("-inf")) if grad else p.masked_fill_(~valid[:, None, :], float("-inf"))
+    keys = keys.masked_fill(~valid[..., None], 0)  # skipped rows are never read as values (may be NaN)
+    p = torch.bmm(q * sm_scale, keys.transpose(1, 2)).masked_fill(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(p, dim=-1)
     shift = torch.where(torch.isneginf(lse), 0.0, lse)[..., None]
-    prob = torch.exp(p - shift) if grad else p.sub_(shift).exp_()
-    return torch.bmm(prob, keys[..., :d_v]), lse
+    return torch.bmm(torch.exp(p - shift), keys[..., :d_v]), lse
+
+
+class _Workspace:
+    """Buffers reused across query blocks: a fresh multi-MiB gather or score tensor per block costs
+    more in page faults than the copy or GEMM that fills it."""
+
+    def __init__(self, step: int, n: int, h: int, d_qk: int, dtype: torch.dtype) -> None:
+        self.raw = torch.empty(step * n, d_qk, dtype=dtype)
+        self.keys = self.raw if dtype == torch.float32 else torch.empty(step * n, d_qk)
+        self.p = torch.empty(step, h, n)
+        self.n = n
+
+    def block(self, q, cache, rows, valid, d_v):
+        """q [tq, H, d_qk] fp32 already scaled by sm_scale -> (out [tq, H, d_v] fp32, lse [tq, H])."""
+        tq, n = rows.shape
+        raw = self.raw[: tq * n]
+        torch.index_select(flat(cache), 0, rows.reshape(-1), out=raw)
+        keys = self.keys[: tq * n]
+        if keys is not raw:
+            keys.copy_(raw)
+        keys = keys.view(tq, n, -1)
+        full = bool(valid.all())
+        if not full:
+            keys.masked_fill_(~valid[..., None], 0)
+        p = self.p[:tq]
+        torch.bmm(q, keys.transpose(1, 2), out=p)
+        if not full:
+            p.masked_fill_(~valid[:, None, :], float("-inf"))
+        m = p.amax(dim=-1, keepdim=True)
+        m.masked_fill_(torch.isneginf(m), 0)
+        p.sub_(m).exp_()
+        total = p.sum(dim=-1)  # >= 1 (the maximum contributes exp(0)) unless the row is empty: 0
+        lse = total.log().add_(m[..., 0])
+        out = torch.bmm(p, keys[..., :d_v])
+        return out.div_(total.clamp_min_(1)[..., None]), lse
 
 
 def sparse_mla_attention(
@@ -51,6 +81,9 @@ def sparse_mla_attention(
     outs, lses = [], []
     step = max(1, GATHER_ELEMS // max(1, n * d_qk))
     qf = q.float()
+    if not grad:
+        qf = qf * sm_scale
+        ws = _Workspace(min(step, t), n, h, d_qk, kv_cache.dtype)
     for b, (q0, q1, s) in enumerate(layout.request_bounds()):
         if q1 == q0:
             continue
@@ -63,7 +96,10 @@ def sparse_mla_attention(
             idx = indices[a:z].to(torch.int64)
             valid = (idx >= 0) & (idx < s)
             rows = rows_of(layout, b, idx.clamp(0, s - 1), kv_cache)
-            o, lse = _block(qf[a:z], kv_cache, rows, valid, sm_scale, d_v, grad)
+            if grad:
+                o, lse = _block_grad(qf[a:z], kv_cache, rows, valid, sm_scale, d_v)
+            else:
+                o, lse = ws.block(qf[a:z], kv_cache, rows, valid, d_v)
             outs.append(o)
             lses.append(lse)
     if not outs:
