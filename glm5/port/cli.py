@@ -42,9 +42,14 @@ def init_cmd(name: str, directory: str | None, force: bool) -> None:
     show_default=True,
     help="Conformance suite the report runs (as `glm5 conformance --suite`).",
 )
-@click.option("--config", "config", default="tiny", show_default=True, help="Preset or config.json of the run.")
 @click.option(
-    "--recipe", "recipes", multiple=True, help="Quantization recipe(s) of the run (quant/recipes), repeatable."
+    "--config", "config", default="tiny", show_default=True, help="Preset or config.json of the run."
+)
+@click.option(
+    "--recipe",
+    "recipes",
+    multiple=True,
+    help="Quantization recipe(s) of the run (quant/recipes), repeatable.",
 )
 @click.option(
     "--dtype",
@@ -61,7 +66,9 @@ def init_cmd(name: str, directory: str | None, force: bool) -> None:
     type=click.Path(dir_okay=False),
     help="Also write the conformance JSON of the same run (glm5 conformance --json).",
 )
-def status_cmd(name, suite, config, recipes, dtype, train, no_model, json_path, markdown_path, conformance_json):
+def status_cmd(
+    name, suite, config, recipes, dtype, train, no_model, json_path, markdown_path, conformance_json
+):
     """Porting report of backend NAME: per op and dtype passing/failing/unsupported with the reason,
     determinism claims, model-level checks, and the ops still missing to run GLM-5 (--config, --recipe)."""
     from rich.console import Console
@@ -73,7 +80,9 @@ def status_cmd(name, suite, config, recipes, dtype, train, no_model, json_path, 
     console = Console(highlight=False, soft_wrap=True)
     try:
         need = st.Need(config, tuple(recipes), dtype, train)
-        rep = st.build(name, suite, need, model_checks=not no_model, console=console, conformance_json=conformance_json)
+        rep = st.build(
+            name, suite, need, model_checks=not no_model, console=console, conformance_json=conformance_json
+        )
     except (BackendUnavailable, NeedsError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

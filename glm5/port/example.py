@@ -6,7 +6,7 @@ from __future__ import annotations
 EXAMPLE_OP_NAME = "dynamic_quant_int8"
 
 #: the whole of `glm5_<name>/dynamic_quant_int8.py` once ported, delegating to plain torch
-EXAMPLE_OP = '''"""dynamic_quant_int8 (SPEC 2.5) in plain torch: per-row symmetric int8, round half to even."""
+EXAMPLE_OP = '''"""dynamic_quant_int8 (SPEC 2.5) in plain torch: per-row symmetric int8, half to even."""
 
 from __future__ import annotations
 

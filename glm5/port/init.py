@@ -84,9 +84,12 @@ def op_module(op: str, n: dict[str, str]) -> str:
     from backends.ops import OPS
     from backends.reference import ReferenceBackend
 
-    spec, ref = OPS[op], ReferenceBackend.ops[op].caps
-    layouts = f"\n        layouts={_strs(ref.layouts)}," if ref.layouts else ""
-    tie = f'\n        tie_rule="{ref.tie_rule}",' if ref.tie_rule else ""
+    spec, ref = OPS[op], ReferenceBackend.ops.get(op)
+    # what the reference claims; for an op it does not serve yet, what the op table implies
+    lays = ref.caps.layouts if ref else (("ragged", "paged") if spec.cache_arg else ())
+    tie_rule = ref.caps.tie_rule if ref else ("lower_index" if op.endswith("topk") else None)
+    layouts = f"\n        layouts={_strs(lays)}," if lays else ""
+    tie = f'\n        tie_rule="{tie_rule}",' if tie_rule else ""
     return _render(
         "op.py.tmpl",
         n,
@@ -108,23 +111,31 @@ def _render(template: str, n: dict[str, str], **extra: str) -> str:
     return Template((TEMPLATES / template).read_text(encoding="utf-8")).substitute(n, **extra)
 
 
+def ported_ops() -> list[str]:
+    """The ops a stub is generated for: every op of the table that the interface exposes as a method."""
+    from backends.interface import Backend
+    from backends.ops import OP_NAMES
+
+    return [op for op in OP_NAMES if callable(getattr(Backend, op, None))]
+
+
 def files(name: str) -> dict[str, str]:
     """Relative path -> text of every file of the generated package."""
-    from backends.ops import OP_NAMES
+    ops = ported_ops()
 
     n = names(name)
     pkg = n["pkg"]
     out = {
         "pyproject.toml": _render("pyproject.toml.tmpl", n),
         "README.md": _render(
-            "README.md.tmpl", n, example_op=EXAMPLE_OP_NAME, example=EXAMPLE_OP, n_ops=str(len(OP_NAMES))
+            "README.md.tmpl", n, example_op=EXAMPLE_OP_NAME, example=EXAMPLE_OP, n_ops=str(len(ops))
         ),
         f"{pkg}/__init__.py": _render("__init__.py.tmpl", n),
         f"{pkg}/_not_ported.py": _render("_not_ported.py.tmpl", n),
         f"{pkg}/expectations.yaml": _render("expectations.yaml.tmpl", n),
         "tests/test_conformance.py": _render("test_conformance.py.tmpl", n),
     }
-    for op in OP_NAMES:
+    for op in ops:
         out[f"{pkg}/{op}.py"] = op_module(op, n)
     return out
 
@@ -151,7 +162,9 @@ def init(name: str, directory: str | Path | None = None, force: bool = False) ->
     if root.exists() and not root.is_dir():
         raise PortError(f"--dir: {str(root)!r} exists and is not a directory")
     if root.is_dir() and any(root.iterdir()) and not force:
-        raise PortError(f"--dir: {str(root)!r} exists and is not empty; pass --force to write the package into it")
+        raise PortError(
+            f"--dir: {str(root)!r} exists and is not empty; pass --force to write the package into it"
+        )
     created = not root.exists()
     content = files(name)
     try:

@@ -1,4 +1,4 @@
-"""Model-level checks of a backend on the tiny GLM-5 (random weights, seed 0), as `glm5 port status` runs them:
+"""Model-level checks of a backend on the tiny GLM-5 (random weights, seed 0), run by `glm5 port status`:
 
 - greedy: the backend generates the reference's greedy tokens (ragged cache, paged cache, MTP speculative);
 - shadow: one generation with shadow mode on (backends/shadow.py, GLM5_VALIDATE=reference): the first op

@@ -65,8 +65,10 @@ class Recorder(ReferenceBackend):
         if isinstance(lay, SeqLayout):
             rec.layouts.add(lay.kind)
         # backward is needed where the op's output carries gradients (the reference's differentiable ops)
-        if self.ops[op].caps.differentiable and torch.is_grad_enabled() and any(
-            isinstance(v, torch.Tensor) and v.requires_grad for v in args.values()
+        if (
+            self.ops[op].caps.differentiable
+            and torch.is_grad_enabled()
+            and any(isinstance(v, torch.Tensor) and v.requires_grad for v in args.values())
         ):
             rec.backward = True
         return super()._call(op, args)
@@ -121,7 +123,9 @@ def _quantize(model, recipe: str, calib_ids: torch.Tensor) -> None:
     quantize_model(model, r, calib_ids=calib_ids)  # GPTQ recipes need calibration data
 
 
-def derive(config: str = "tiny", recipes: tuple[str, ...] = (), dtype: str | None = None, train: bool = False):
+def derive(
+    config: str = "tiny", recipes: tuple[str, ...] = (), dtype: str | None = None, train: bool = False
+):
     """(list of Needed in op-table order, what was run)."""
     from glm5.generate import generate, generate_speculative
     from glm5.model import GLM5ForCausalLM
@@ -143,7 +147,9 @@ def derive(config: str = "tiny", recipes: tuple[str, ...] = (), dtype: str | Non
         ("generate paged", lambda: generate(model, ids, 3, block_size=4)),
     ]
     if small.num_nextn_predict_layers:
-        steps.append(("generate MTP speculative", lambda: generate_speculative(model, ids[:1], 3, num_draft=1)))
+        steps.append(
+            ("generate MTP speculative", lambda: generate_speculative(model, ids[:1], 3, num_draft=1))
+        )
     for what, fn in steps:
         rec.phase = what
         fn()

@@ -24,7 +24,7 @@ from typing import Any
 
 from backends.ops import OPS
 from conformance.report import BackendRun, cell, summary
-from conformance.result import FAILING, PASS, RAN, UNSUPPORTED, Result
+from conformance.result import FAILING, PASS, RAN, Result
 
 STATES = ("passing", "partial", "failing", "unsupported", "not run")
 
@@ -85,7 +85,7 @@ def rows(run: BackendRun) -> list[dict[str, Any]]:
 
 
 def determinism(run: BackendRun) -> list[dict[str, Any]]:
-    """Per op and claim (run_to_run, batch_invariant, tie_rule): holds / broken / not claimed / not checked."""
+    """Per op and claim (run_to_run, batch_invariant, tie_rule): holds, broken, not claimed, not checked."""
     out = []
     for op in OPS:
         for what, v in run.determinism.get(op, {}).items():
@@ -211,8 +211,17 @@ def to_markdown(rep: dict[str, Any]) -> str:
             f"| {r['op']} | {r['dtype']} | {r['state']} | {num['passed']}/{num['total']} | "
             f"{val['passed']}/{val['total']} | {r['cell']} | {why[:160]} |"
         )
-    out += ["", "## Determinism claims", "", "| op | claim | verdict | passed | failed |", "|---|---|---|---|---|"]
-    out += [f"| {d['op']} | {d['claim']} | {d['verdict']} | {d['pass']} | {d['fail']} |" for d in rep["determinism"]]
+    out += [
+        "",
+        "## Determinism claims",
+        "",
+        "| op | claim | verdict | passed | failed |",
+        "|---|---|---|---|---|",
+    ]
+    out += [
+        f"| {d['op']} | {d['claim']} | {d['verdict']} | {d['pass']} | {d['fail']} |"
+        for d in rep["determinism"]
+    ]
     out += ["", "## Model-level checks (tiny GLM-5)", ""]
     for k, v in rep["model_checks"].items():
         out.append(f"- **{k}**: {v['status']}: {v['detail']}")
@@ -225,7 +234,9 @@ def to_markdown(rep: dict[str, Any]) -> str:
         for o in n["ops"]
     ]
     out += ["", "## Remaining", ""]
-    out += [f"- {x['what']}: {x['why']}" for x in rep["remaining"]] or ["- nothing: GLM-5 runs on this backend"]
+    out += [f"- {x['what']}: {x['why']}" for x in rep["remaining"]] or [
+        "- nothing: GLM-5 runs on this backend"
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -243,10 +254,17 @@ def render(rep: dict[str, Any], console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    colors = {"passing": "green", "partial": "yellow", "failing": "red", "unsupported": "dim", "not run": "dim"}
+    colors = {
+        "passing": "green",
+        "partial": "yellow",
+        "failing": "red",
+        "unsupported": "dim",
+        "not run": "dim",
+    }
     table = Table(title=f"Porting status of {rep['backend']} (suite {rep['suite']})")
-    for col in ("op", "dtype", "state", "numeric", "validation", "reason"):
-        table.add_column(col)
+    for col in ("op", "dtype", "state", "numeric", "validation"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=70)
     for r in rep["rows"]:
         num, val = r["numeric"], r["validation"]
         table.add_row(
@@ -255,7 +273,7 @@ def render(rep: dict[str, Any], console) -> None:
             f"[{colors[r['state']]}]{r['state']}[/]",
             f"{num['passed']}/{num['total']}",
             f"{val['passed']}/{val['total']}",
-            escape((r["reasons"][0] if r["reasons"] else "")[:90]),
+            escape(r["reasons"][0] if r["reasons"] else ""),
         )
     console.print(table)
     for d in rep["determinism"]:
