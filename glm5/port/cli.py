@@ -77,7 +77,8 @@ def status_cmd(
     from glm5.port import status as st
     from glm5.port.needs import NeedsError
 
-    console = Console(highlight=False, soft_wrap=True)
+    # a report piped to a file keeps its columns (rich would otherwise assume 80)
+    console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 150)
     try:
         need = st.Need(config, tuple(recipes), dtype, train)
         rep = st.build(
