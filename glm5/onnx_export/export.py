@@ -26,8 +26,10 @@ from backends.onnxruntime.functions.indexer_topk import indexer_topk_ragged
 from backends.onnxruntime.functions.sparse_mla_attention import sparse_mla_attention_ragged
 from backends.onnxruntime.functions.topk import topk
 from backends.onnxruntime.indexer_topk import KEY_CHUNK
+from glm5.cli_args import check_preset, model_option, one_line_errors
 from glm5.onnx_export import custom_ops  # noqa: F401  (registers torch.ops.glm5_onnx.*)
 from glm5.onnx_export.custom_ops import ExportBackend
+from glm5.progress import Phases
 
 
 def _sort_stable(self, stable=None, dim: int = -1, descending: bool = False):
@@ -156,15 +158,12 @@ def _load(preset: str | None, checkpoint: str | None, dtype: torch.dtype):
 
 
 @click.command("export-onnx")
-@click.option("--preset", default=None, help="Model preset (default: tiny) when no --checkpoint is given.")
-@click.option(
-    "--checkpoint",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="A Hugging Face glm_moe_dsa directory (config.json + safetensors).",
-)
-@click.option("--batch", type=int, default=1, show_default=True)
-@click.option("--seq-len", type=int, default=64, show_default=True)
+@click.option("--preset", default=None, callback=check_preset,
+              help="Model preset (default: tiny) when no --model is given.")
+@model_option(help="A float checkpoint directory (config.json + safetensors).", aliases=("--checkpoint",),
+              quantized=False)
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--seq-len", type=click.IntRange(min=1), default=64, show_default=True)
 # float32 only: torch exports the absorbed-MLA einsums as ONNX Einsum, which has no bfloat16 in opset 18;
 # vendor compilers choose their own precision (ATC precision modes) from the float32 graph
 @click.option("--dtype", type=click.Choice(["float32"]), default="float32", show_default=True)
@@ -179,20 +178,31 @@ def _load(preset: str | None, checkpoint: str | None, dtype: torch.dtype):
     help="Run the model in ONNX Runtime and compare its logits with the reference backend's.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the verification input ids.")
-def export_onnx(preset, checkpoint, batch, seq_len, dtype, out, inline, verify, seed) -> None:
+@click.option("--quiet", is_flag=True, help="No progress on stderr.")
+def export_onnx(preset, model_path, batch, seq_len, dtype, out, inline, verify, seed, quiet) -> None:
     """Export the prefill graph (input_ids -> logits) with the glm5 ONNX functions."""
-    model = _load(preset, checkpoint, getattr(torch, dtype))
-    proto = export_prefill(model, batch, seq_len)
-    onnx.save(proto, out)
-    n_fn = len(proto.functions)
-    click.echo(f"wrote {out}: opset {OPSET}, {len(proto.graph.node)} nodes, {n_fn} {DOMAIN} functions")
-    if inline:
-        flat = onnx.inliner.inline_local_functions(proto)
-        onnx.checker.check_model(flat, full_check=True)
-        path = str(Path(out).with_suffix("")) + ".inlined.onnx"
-        onnx.save(flat, path)
-        click.echo(f"wrote {path}: {len(flat.graph.node)} nodes, no functions")
-    if verify:
+    if preset is not None and model_path is not None:
+        raise click.UsageError("give at most one of --model or --preset")
+    with Phases("export-onnx", enabled=not quiet) as progress:
+        progress.phase(f"loading {model_path or preset or 'tiny'}")
+        with one_line_errors("'--model'"):
+            model = _load(preset, model_path, getattr(torch, dtype))
+        progress.phase(f"exporting the prefill graph (batch {batch}, seq-len {seq_len})")
+        proto = export_prefill(model, batch, seq_len)
+        progress.phase(f"writing {out}")
+        onnx.save(proto, out)
+        n_fn = len(proto.functions)
+        click.echo(f"wrote {out}: opset {OPSET}, {len(proto.graph.node)} nodes, {n_fn} {DOMAIN} functions")
+        if inline:
+            progress.phase("inlining the glm5 functions")
+            flat = onnx.inliner.inline_local_functions(proto)
+            onnx.checker.check_model(flat, full_check=True)
+            path = str(Path(out).with_suffix("")) + ".inlined.onnx"
+            onnx.save(flat, path)
+            click.echo(f"wrote {path}: {len(flat.graph.node)} nodes, no functions")
+        if not verify:
+            return
+        progress.phase("verifying: ONNX Runtime vs the reference backend")
         ids = torch.randint(
             0, model.config.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(seed)
         )
