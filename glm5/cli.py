@@ -20,15 +20,50 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+# one-line help shown by `glm5 --help` without importing the command (torch, onnx and triton imports
+# took 11-21 s and failed without the optional extras); a command missing here is imported for its help
+SUMMARIES: dict[str, str] = {
+    "doctor": "List every backend (built-in and plugin) with its status, reason and versions.",
+    "conformance": "Check backends against the CPU reference (docs/spec.md); report every backend.",
+    "generate": "Generate token ids with GLM-5 (greedy or sampled; --mtp N for speculative decoding).",
+    "quantize": "Quantize a float checkpoint by a recipe and write it as compressed-tensors or modelslim.",
+    "export-onnx": "Export the prefill graph (input_ids -> logits) with the glm5 ONNX functions.",
+    "train": "Train GLM-5 (Muon Split, MTP, DSA stages); metrics, loss plot and checkpoints in --out.",
+    "plan": "Plan a deployment: which checkpoint, parallelism and memory fit the machines.",
+}
+
+# the pip extra a command's imports need, for the one-line error when it is missing
+EXTRAS: dict[str, str] = {"export-onnx": "onnx", "train": "train"}
+
+
 class _LazyGroup(click.Group):
     def list_commands(self, ctx):
         return sorted(SUBCOMMANDS)
+
+    def format_commands(self, ctx, formatter):
+        rows = []
+        for name in self.list_commands(ctx):
+            text = SUMMARIES.get(name)
+            if text is None:
+                try:
+                    text = self.get_command(ctx, name).get_short_help_str(limit=formatter.width)
+                except click.ClickException as exc:
+                    text = f"(unavailable: {exc.format_message()})"
+            rows.append((name, text))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def get_command(self, ctx, name):
         if name not in SUBCOMMANDS:
             return None
         mod, attr = SUBCOMMANDS[name].split(":")
-        return getattr(importlib.import_module(mod), attr)
+        try:
+            return getattr(importlib.import_module(mod), attr)
+        except ImportError as exc:
+            extra = EXTRAS.get(name)
+            how = f"pip install 'glm5-backends[{extra}]'" if extra else "reinstall the package"
+            raise click.UsageError(f"{name}: needs {exc.name or exc} ({how})") from None
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -82,15 +82,14 @@ class _HiddenArgument(click.Argument):
         return []
 
 
-def positive(name: str) -> Callable:
-    """A click callback: the value must be >= 1."""
+def check_preset(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: `value` must name a preset in glm5/presets/ (None passes)."""
+    from glm5.config import PRESET_DIR
 
-    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        if value is not None and value < 1:
-            raise click.BadParameter(f"expected an integer >= 1, got {value}", param_hint=f"'{name}'")
-        return value
-
-    return check
+    if value is not None and not (PRESET_DIR / f"{value}.yaml").is_file():
+        known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
+        raise click.BadParameter(f"expected a preset ({known}), got {value!r}")
+    return value
 
 
 def backend_choice(value: str | None, hint: str = "'--backend'") -> Any:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import click
 import torch
 
+from glm5.cli_args import backend_choice, check_preset, model_option, one_line_errors
 from glm5.model import GLM5ForCausalLM
 
 
@@ -178,29 +179,41 @@ def _draft(
     return drafts, probs
 
 
+def _prompt_ids(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        ids = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not ids or min(ids) < 0:
+        raise click.BadParameter(f"expected one or more token ids >= 0, got {value!r}")
+    return ids
+
+
 @click.command()
+@model_option()
 @click.option(
-    "--model",
-    "model_path",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="Hugging Face glm_moe_dsa directory (config.json + safetensors).",
-)
-@click.option(
-    "--preset", default=None, help="Random weights from glm5/presets/<name>.yaml instead of --model."
+    "--preset", default=None, callback=check_preset,
+    help="Random weights from glm5/presets/<name>.yaml instead of --model.",
 )
 @click.option("--backend", default=None, help="Backend name (default: $GLM5_BACKEND or reference).")
-@click.option("--prompt-ids", default=None, help="Comma-separated prompt token ids.")
+@click.option("--prompt-ids", default=None, callback=_prompt_ids, help="Comma-separated prompt token ids.")
 @click.option(
-    "--prompt-len", default=16, show_default=True, help="Random prompt length when --prompt-ids is absent."
+    "--prompt-len", default=16, show_default=True, type=click.IntRange(min=1),
+    help="Random prompt length when --prompt-ids is absent.",
 )
-@click.option("--max-new-tokens", default=32, show_default=True)
-@click.option("--temperature", default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(min=0))
 @click.option(
-    "--mtp", "num_draft", default=0, show_default=True, help="Speculative tokens drafted by the MTP layer."
+    "--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="0 = greedy."
 )
 @click.option(
-    "--block-size", default=None, type=int, help="Paged caches with this block size (default ragged)."
+    "--mtp", "num_draft", default=0, show_default=True, type=click.IntRange(min=0),
+    help="Speculative tokens drafted by the MTP layer.",
+)
+@click.option(
+    "--block-size", default=None, type=click.IntRange(min=1),
+    help="Paged caches with this block size (default ragged).",
 )
 @click.option("--seed", default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -222,15 +235,23 @@ def generate_cmd(
 
     if (model_path is None) == (preset is None):
         raise click.UsageError("give exactly one of --model or --preset")
-    if model_path is not None:
-        model = GLM5ForCausalLM.from_pretrained(model_path, backend=backend)
-    else:
-        model = GLM5ForCausalLM(GLM5Config.from_preset(preset), backend=backend)
-        model.init_weights(seed)
+    be = backend_choice(backend)
+    with one_line_errors("'--model'" if model_path is not None else "'--preset'"):
+        if model_path is not None:
+            model = GLM5ForCausalLM.from_pretrained(model_path, backend=be)
+        else:
+            model = GLM5ForCausalLM(GLM5Config.from_preset(preset), backend=be)
+            model.init_weights(seed)
+    if num_draft and model.config.num_nextn_predict_layers < 1:
+        raise click.BadParameter("this checkpoint has no MTP layer (num_nextn_predict_layers=0): speculative "
+                                 "decoding is unavailable; use --mtp 0", param_hint="'--mtp'")
+    if prompt_ids and max(prompt_ids) >= model.config.vocab_size:
+        raise click.BadParameter(f"token ids must be < vocab_size={model.config.vocab_size}",
+                                 param_hint="'--prompt-ids'")
     model.requires_grad_(False)  # inference: lets inference-only backends (onnxruntime) take the weights
     dev = model.backend.device
     if prompt_ids:
-        ids = torch.tensor([[int(x) for x in prompt_ids.split(",")]], device=dev)
+        ids = torch.tensor([prompt_ids], device=dev)
     else:
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=gen).to(dev)

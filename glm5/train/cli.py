@@ -8,23 +8,14 @@ from pathlib import Path
 
 import click
 
-from glm5.cli_args import backend_choice, model_option, one_line_errors
+from glm5.cli_args import backend_choice, check_preset, model_option, one_line_errors
 from glm5.train.muon import MODES
 
 _POS = click.IntRange(min=1)
 
 
-def _preset(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from glm5.config import PRESET_DIR
-
-    if not (PRESET_DIR / f"{value}.yaml").is_file():
-        known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
-        raise click.BadParameter(f"expected a preset ({known}), got {value!r}")
-    return value
-
-
 @click.command()
-@click.option("--config", "preset", default="tiny", show_default=True, callback=_preset,
+@click.option("--config", "preset", default="tiny", show_default=True, callback=check_preset,
               help="Preset from glm5/presets/.")
 @click.option("--steps", default=200, show_default=True, type=_POS)
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False),
