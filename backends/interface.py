@@ -27,6 +27,7 @@ import torch
 from backends import library
 from backends.caps import OpCaps, OpImpl
 from backends.errors import NotSupported
+from backends.interface_fp8 import FP8Ops
 from backends.layout import SeqLayout
 from backends.ops import OPS
 
@@ -41,7 +42,7 @@ def validation_mode() -> str:
     return mode
 
 
-class Backend:
+class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.py)
     name: ClassVar[str] = "?"
     #: torch device type the backend's tensors live on ("cpu", "cuda", "npu").
     device: ClassVar[str] = "cpu"

@@ -13,8 +13,10 @@ from typing import Any
 import torch
 
 from backends import validation as v
+from backends import validation_fp8 as v8
 
 FLOATS = ("float32", "bfloat16", "float16")
+FP8 = ("float8_e4m3fn",)
 
 
 def dtype_name(dt: torch.dtype) -> str:
@@ -98,6 +100,53 @@ OPS: dict[str, OpSpec] = {
             v.check_linear_cross_entropy,
             v.values_linear_cross_entropy,
             grad_args=("h", "weight"),
+        ),
+        # FP8 (SPEC 7): forward-only ops, served where an FP8 datapath exists (validators: validation_fp8)
+        OpSpec("fp8_quant_group", "7.1", FLOATS, lambda a: dtype_name(a["x"].dtype), v8.check_fp8_quant_group),
+        OpSpec(
+            "fp8_block_matmul",
+            "7.2",
+            FLOATS,
+            lambda a: dtype_name(a["out_dtype"]),
+            v8.check_fp8_block_matmul,
+        ),
+        OpSpec(
+            "fp8_grouped_matmul",
+            "7.3",
+            FLOATS,
+            lambda a: dtype_name(a["out_dtype"]),
+            v8.check_fp8_grouped_matmul,
+            v8.values_fp8_grouped_matmul,
+        ),
+        OpSpec(
+            "fp8_indexer_logits",
+            "7.4",
+            FP8,
+            lambda a: dtype_name(a["q"].dtype),
+            v8.check_fp8_indexer_logits,
+            v8.values_fp8_indexer_logits,
+            "k_cache",
+        ),
+        OpSpec(
+            "fp8_indexer_topk",
+            "7.5",
+            FP8,
+            lambda a: dtype_name(a["q"].dtype),
+            v8.check_fp8_indexer_topk,
+            v8.values_fp8_indexer_topk,
+            "k_cache",
+        ),
+        OpSpec(
+            "fp8_mla_cache_quant", "7.6", FLOATS, lambda a: dtype_name(a["kv"].dtype), v8.check_fp8_mla_cache_quant
+        ),
+        OpSpec(
+            "fp8_sparse_mla_attention",
+            "7.7",
+            FLOATS,
+            lambda a: dtype_name(a["q"].dtype),
+            v8.check_fp8_sparse_mla_attention,
+            v8.values_fp8_sparse_mla_attention,
+            "kv_cache",
         ),
     )
 }

@@ -1,6 +1,7 @@
-"""Input validation of the FP8 ops (SPEC 7), in the style of `backends.validation`: a ValueError naming
-the argument, what was expected and what came. Shape/dtype/device checks only; layout value checks
-run once per SeqLayout (`SeqLayout.check`)."""
+"""Input validation of the FP8 ops (SPEC 7), in the tiers of `backends.validation`: a ValueError naming
+the argument, what was expected and what came. `check_<op>`: shapes, dtypes, devices, Python scalars,
+every call, no tensor values read; `values_<op>`: checks that read values (GLM5_VALIDATE=values), and
+layouts are value-checked once per SeqLayout (`SeqLayout.check`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from backends.validation import (
     FLOAT_DTYPES,
+    _check_cache,
     _check_layout,
     _shape,
     check_int,
@@ -72,6 +74,10 @@ def check_fp8_grouped_matmul(x_q, x_scale, w_q, w_scale_inv, group_offsets, out_
     check_same_device(
         x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale_inv=w_scale_inv, group_offsets=group_offsets
     )
+
+
+def values_fp8_grouped_matmul(x_q, x_scale, w_q, w_scale_inv, group_offsets, out_dtype) -> None:
+    m = x_q.shape[0]
     offs = group_offsets.tolist()
     if offs[0] != 0 or offs[-1] != m or any(b < a for a, b in zip(offs, offs[1:])):
         shown = offs if len(offs) <= 16 else f"[{offs[0]}, ..., {offs[-1]}] (length {len(offs)})"
@@ -79,10 +85,7 @@ def check_fp8_grouped_matmul(x_q, x_scale, w_q, w_scale_inv, group_offsets, out_
 
 
 def _check_fp8_keys(k_cache, k_scale, layout, d_i) -> None:
-    want_nd = 2 if layout.kind == "ragged" else 3
-    check_tensor("k_cache", k_cache, dtype=E4M3, ndim=want_nd)
-    if k_cache.shape[-1] != d_i:
-        fail("k_cache", f"last dim {d_i} (D_I of q)", f"shape {_shape(k_cache)}")
+    _check_cache("k_cache", k_cache, layout, d_i, E4M3)
     check_tensor("k_scale", k_scale, dtype=torch.float32, shape=tuple(k_cache.shape[:-1]))
 
 
@@ -99,6 +102,14 @@ def check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:
 def check_fp8_indexer_topk(q, k_cache, k_scale, weights, layout, topk) -> None:
     check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout)
     check_int("topk", topk, min_value=1)
+
+
+def values_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:
+    layout.check(q.shape[0], k_cache, "k_cache")
+
+
+def values_fp8_indexer_topk(q, k_cache, k_scale, weights, layout, topk) -> None:
+    layout.check(q.shape[0], k_cache, "k_cache")
 
 
 def check_fp8_mla_cache_quant(kv) -> None:
@@ -118,13 +129,14 @@ def check_fp8_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, 
         fail("indices", f"shape [T={t}, topk]", f"shape {_shape(indices)}")
     check_same_device(q=q, kv_cache=kv_cache, indices=indices)
     _check_layout(layout, t, kv_cache, "kv_cache")
-    want_nd = 2 if layout.kind == "ragged" else 3
-    check_tensor("kv_cache", kv_cache, ndim=want_nd)
-    if kv_cache.shape[-1] != MLA_ROW_BYTES:
-        fail("kv_cache", f"last dim {MLA_ROW_BYTES} (bytes per token)", f"shape {_shape(kv_cache)}")
+    _check_cache("kv_cache", kv_cache, layout, MLA_ROW_BYTES, torch.uint8)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not abs(sm_scale) < float("inf"):
         fail("sm_scale", "a finite float", sm_scale)
     if d_v != MLA_D_V:
         fail("d_v", f"{MLA_D_V} (the latent width of the FP8 cache)", d_v)
     if not isinstance(return_lse, bool):
         fail("return_lse", "a bool", type(return_lse).__name__)
+
+
+def values_fp8_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse) -> None:
+    layout.check(q.shape[0], kv_cache, "kv_cache")

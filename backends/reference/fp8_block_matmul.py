@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.ops import FLOATS
 from backends.reference.fp8_format import BLOCK, cdiv
 
 
@@ -57,3 +59,6 @@ def fp8_block_matmul(
     if bias is not None:
         acc = acc + bias.float()[None, :]
     return acc.to(out_dtype)
+
+
+IMPL = OpImpl(fp8_block_matmul, OpCaps(FLOATS))

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.ops import FLOATS
 from backends.reference.fp8_block_matmul import BLOCK, block_dots, promote
 
 
@@ -36,3 +38,6 @@ def fp8_grouped_matmul(
         w_rows = w_scale_inv[e].float().repeat_interleave(BLOCK, dim=0)[:n]
         out[r] = promote(block_dots(x_q[r], w_q[e]), x_scale[r].float(), w_rows).to(out_dtype)
     return out
+
+
+IMPL = OpImpl(fp8_grouped_matmul, OpCaps(FLOATS))

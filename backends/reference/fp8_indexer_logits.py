@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.layout import SeqLayout
+from backends.ops import FP8
 from backends.reference._cache import causal_counts, keys_of_request
 from backends.reference.fp8_format import EPS_DEEPSEEK, cast_e4m3, group_scale
 
@@ -64,3 +66,6 @@ def quantize_indexer_inputs(
     q8 = cast_e4m3(q.float() / qs[..., None])
     k8 = cast_e4m3(k.float() / ks[..., None])
     return q8, k8, ks, weights.float() * qs
+
+
+IMPL = OpImpl(fp8_indexer_logits, OpCaps(FP8, ("ragged", "paged")))

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.layout import SeqLayout
+from backends.ops import FP8
 from backends.reference._cache import causal_counts, keys_of_request
 from backends.reference.fp8_indexer_logits import fp8_score_block
 from backends.reference.topk import rule_order
@@ -43,3 +45,6 @@ def fp8_indexer_topk(
             res = torch.where(ok.gather(1, order), order, -1).to(torch.int32)
             out[a:z, : res.shape[1]] = res
     return out
+
+
+IMPL = OpImpl(fp8_indexer_topk, OpCaps(FP8, ("ragged", "paged"), tie_rule="lower_index"))

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.ops import FLOATS
 from backends.reference.fp8_format import (
     BLOCK,
     E4M3_MAX,
@@ -47,3 +49,6 @@ def write_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> 
     """Store packed rows [N, 656] at physical slots [N] of a ragged [rows, 656] or paged [nb, bs, 656]
     cache (slot = block_id * block_size + offset for a paged one), in place."""
     cache.view(-1, MLA_ROW_BYTES)[slots.to(torch.int64)] = rows.to(cache.device)
+
+
+IMPL = OpImpl(fp8_mla_cache_quant, OpCaps(FLOATS))

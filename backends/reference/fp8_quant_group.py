@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.ops import FLOATS
 from backends.reference.fp8_format import BLOCK, EPS_DEEPSEEK, cast_e4m3, cdiv, expand_groups, group_scale
 
 
@@ -31,3 +33,6 @@ def fp8_quant_group(
     scale = group_scale(amax, eps, ue8m0)
     x_q = cast_e4m3(xf / expand_groups(scale, k, group_size))
     return x_q, scale
+
+
+IMPL = OpImpl(fp8_quant_group, OpCaps(FLOATS))

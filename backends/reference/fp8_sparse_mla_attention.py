@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import torch
 
+from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.layout import SeqLayout
+from backends.ops import FLOATS
 from backends.reference._cache import gather_rows
 from backends.reference.fp8_format import mla_dequantize_rows
 
@@ -47,3 +49,6 @@ def fp8_sparse_mla_attention(
             lse[a] = torch.logsumexp(p, dim=-1)
             out[a] = torch.exp(p - lse[a][:, None]) @ keys[:, :d_v]
     return out.to(q.dtype), (lse if return_lse else None)
+
+
+IMPL = OpImpl(fp8_sparse_mla_attention, OpCaps(FLOATS, ("ragged", "paged")))

@@ -1,0 +1,7 @@
+"""ascend backend: fp8_grouped_matmul (SPEC 7) is declared NotSupported: backends/ascend/fp8_unsupported.py says why."""
+
+from backends.ascend.fp8_unsupported import declined
+from backends.ops import FLOATS
+from backends.reference.fp8_grouped_matmul import fp8_grouped_matmul as _spec
+
+IMPL = declined(_spec, FLOATS)

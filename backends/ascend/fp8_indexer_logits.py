@@ -1,0 +1,7 @@
+"""ascend backend: fp8_indexer_logits (SPEC 7) is declared NotSupported: backends/ascend/fp8_unsupported.py says why."""
+
+from backends.ascend.fp8_unsupported import declined
+from backends.ops import FP8
+from backends.reference.fp8_indexer_logits import fp8_indexer_logits as _spec
+
+IMPL = declined(_spec, FP8, ("ragged", "paged"))

@@ -1,0 +1,7 @@
+"""ascend backend: fp8_mla_cache_quant (SPEC 7) is declared NotSupported: backends/ascend/fp8_unsupported.py says why."""
+
+from backends.ascend.fp8_unsupported import declined
+from backends.ops import FLOATS
+from backends.reference.fp8_mla_cache_quant import fp8_mla_cache_quant as _spec
+
+IMPL = declined(_spec, FLOATS)

@@ -1,0 +1,8 @@
+"""ascend backend: fp8_sparse_mla_attention (SPEC 7) is declared NotSupported: backends/ascend/fp8_unsupported.py
+says why."""
+
+from backends.ascend.fp8_unsupported import declined
+from backends.ops import FLOATS
+from backends.reference.fp8_sparse_mla_attention import fp8_sparse_mla_attention as _spec
+
+IMPL = declined(_spec, FLOATS, ("ragged", "paged"))

@@ -1,0 +1,49 @@
+"""cuda backend: fp8_indexer_topk (SPEC 7.5) -> kernels_cuda.fp8_indexer: the FP8 logits kernel, then the
+deterministic top-k kernel (kernels_cuda.topk, lower index first) over each query's causal keys. Peak
+memory is the [T, S_max] fp32 logits (the bf16 indexer_topk kernel fuses the selection; this one does
+not yet)."""
+
+from __future__ import annotations
+
+import torch
+
+from backends.caps import OpCaps, OpImpl
+from backends.cuda import _indexer
+from backends.cuda.fp8_common import chain, fp8_reasons
+from backends.layout import SeqLayout
+from backends.ops import FP8
+from kernels_cuda.fp8_indexer import fp8_indexer_topk as _kernel
+from kernels_cuda.topk import MAX_K
+
+
+def _limits(args) -> list[str]:
+    out = _indexer.check(args, differentiable_output=False)
+    if args["topk"] > MAX_K:
+        out.append(f"topk={args['topk']} > {MAX_K}: the final sort keeps topk pairs in one program")
+    return out
+
+
+def fp8_indexer_topk(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    weights: torch.Tensor,
+    layout: SeqLayout,
+    topk: int,
+) -> torch.Tensor:
+    """Semantics: backends/reference/fp8_indexer_topk.py (SPEC 7.5)"""
+    h = layout.host()
+    return _kernel(q, k_cache, k_scale, weights, topk, layout.cu_seqlens_q, layout.seqlens_k,
+                   layout.cu_seqlens_k, layout.block_table, h["cu_q"], h["seqlens_k"], layout.max_seqlen_k)
+
+
+IMPL = OpImpl(
+    fp8_indexer_topk,
+    OpCaps(
+        FP8,
+        ("ragged", "paged"),
+        limits=_indexer.LIMITS | {"topk": f"<= {MAX_K}", "GPU": "sm_89+"},
+        check=chain(fp8_reasons, _limits),
+        tie_rule="lower_index",
+    ),
+)

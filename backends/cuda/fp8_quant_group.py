@@ -1,0 +1,28 @@
+"""cuda backend: fp8_quant_group (SPEC 7.1) -> kernels_cuda.fp8_quant (one program per row x group; bitwise
+the reference: the e4m3 rounding is done in fp32 arithmetic before the cast)."""
+
+from __future__ import annotations
+
+import torch
+
+from backends.caps import OpCaps, OpImpl
+from backends.ops import FLOATS
+from kernels_cuda.fp8_quant import fp8_quant_group as _kernel
+
+MAX_GROUP = 4096
+
+
+def _reasons(args) -> list[str]:
+    g = args["group_size"]
+    return [f"group_size={g} > {MAX_GROUP}: a group is one register tile"] if g > MAX_GROUP else []
+
+
+def fp8_quant_group(
+    x: torch.Tensor, group_size: int = 128, eps: float = 1e-4, ue8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float -> (e4m3 [M, K], fp32 [M, ceil(K / group_size)]).
+    Semantics: backends/reference/fp8_quant_group.py (SPEC 7.1)"""
+    return _kernel(x, group_size, eps, ue8m0)
+
+
+IMPL = OpImpl(fp8_quant_group, OpCaps(FLOATS, limits={"group_size": f"<= {MAX_GROUP}"}, check=_reasons))
