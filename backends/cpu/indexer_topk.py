@@ -49,13 +49,15 @@ class _Scorer:
 
 
 def _merge(val, idx, ok, k):
-    """Rule top-k (as an unordered set) of each row of the candidates (val, idx, ok) [tq, n], n > k."""
+    """Rule top-k (as an unordered set) of each row of the candidates (val, idx, ok) [tq, n], n > k.
+    torch.topk(k + 1) decides every row whose k-th and (k+1)-th values differ and that holds no NaN (a
+    unique -inf (k+1)-th is fine: the k above it are numbers, so candidates); other rows take the rule."""
     vm = val.masked_fill(~ok, float("-inf"))
     v, col = torch.topk(vm, k + 1, dim=1, sorted=False)
     bad = torch.isnan(v).any(dim=1)
     v = v.masked_fill(bad[:, None], 0)
     low = v.amin(dim=1)
-    bad |= ((v == low[:, None]).sum(dim=1) > 1) | torch.isinf(low)
+    bad |= (v == low[:, None]).sum(dim=1) > 1
     drop = v.argmin(dim=1, keepdim=True)
     col = col.scatter(1, drop, col[:, k:])[:, :k]
     if bool(bad.any()):
@@ -66,23 +68,60 @@ def _merge(val, idx, ok, k):
     return val.gather(1, col), idx.gather(1, col), ok.gather(1, col)
 
 
+def _survivors(sc, c0, ok, thr):
+    """The chunk's candidates strictly above the block's running k-th value thr [tq], compacted to
+    [tq, m] (value, index, ok) with ok False in the padding; None if there are none. A candidate equal
+    to thr is never needed: k earlier keys (lower indices) already rank above it."""
+    keep = ok & (sc > thr[:, None])
+    r, c = torch.nonzero(keep, as_tuple=True)
+    if r.numel() == 0:
+        return None
+    tq = sc.shape[0]
+    counts = torch.bincount(r, minlength=tq)
+    start = torch.zeros(tq, dtype=torch.int64)
+    start[1:] = torch.cumsum(counts, 0)[:-1]
+    slot = torch.arange(r.numel()) - start[r]
+    m = int(counts.max())
+    val = torch.full((tq, m), float("-inf"))
+    idx = torch.zeros(tq, m, dtype=torch.int64)
+    okm = torch.zeros(tq, m, dtype=torch.bool)
+    val[r, slot], idx[r, slot], okm[r, slot] = sc[r, c], c + c0, True
+    return val, idx, okm
+
+
 def _block_topk(q, keys, weights, visible, topk) -> torch.Tensor:
+    """Running top-k over key chunks for one query block. Chunks are first filtered against the running
+    k-th value (exact: see `_survivors`); the survivors wait in `pending` and are merged with the best k
+    only once there are a chunk's worth of them, so long rows merge a few times, not once per chunk."""
     tq = q.shape[0]
     score = _Scorer(q, weights)
-    best_val = torch.empty(tq, 0)
-    best_idx = torch.empty(tq, 0, dtype=torch.int64)
-    best_ok = torch.empty(tq, 0, dtype=torch.bool)
+    best = (torch.empty(tq, 0), torch.empty(tq, 0, dtype=torch.int64), torch.empty(tq, 0, dtype=torch.bool))
+    pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    thr = None  # the best set's k-th value, once it holds k candidate numbers in every row
+
+    def merge(best, pending):
+        val, idx, ok = (torch.cat([best[i]] + [p[i] for p in pending], dim=1) for i in range(3))
+        return (val, idx, ok) if val.shape[1] <= topk else _merge(val, idx, ok, topk)
+
     for c0 in range(0, int(visible.max()), KEY_CHUNK):
         c1 = min(c0 + KEY_CHUNK, keys.shape[0])
         sc = score(keys[c0:c1])
         ar = torch.arange(c0, c1)
-        val = torch.cat([best_val, sc], dim=1)
-        idx = torch.cat([best_idx, ar.expand(tq, -1)], dim=1)
-        ok = torch.cat([best_ok, ar[None, :] < visible[:, None]], dim=1)
-        if val.shape[1] <= topk:
-            best_val, best_idx, best_ok = val, idx, ok
+        ok = ar[None, :] < visible[:, None]
+        if thr is None:
+            pending.append((sc.clone(), ar.expand(tq, -1), ok))
         else:
-            best_val, best_idx, best_ok = _merge(val, idx, ok, topk)
+            surv = _survivors(sc, c0, ok, thr)
+            if surv is not None:
+                pending.append(surv)
+        width = sum(p[0].shape[1] for p in pending)
+        if width >= KEY_CHUNK and best[0].shape[1] + width > topk:
+            best, pending = merge(best, pending), []
+            full = best[0].shape[1] == topk and bool(best[2].all()) and not bool(torch.isnan(best[0]).any())
+            thr = best[0].amin(dim=1) if full else None
+    if pending:
+        best = merge(best, pending)
+    best_val, best_idx, best_ok = best
     if best_val.shape[1] == 0:
         return torch.full((tq, topk), -1, dtype=torch.int32)
     if bool(best_ok.all()) and not bool(torch.isnan(best_val).any()):
