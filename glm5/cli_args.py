@@ -92,16 +92,21 @@ def check_preset(ctx: click.Context, param: click.Parameter, value: str | None) 
     return value
 
 
-def backend_choice(value: str | None, hint: str = "'--backend'") -> Any:
-    """The backend `value` (None: $GLM5_BACKEND or reference) as a usable Backend, or BadParameter naming
-    the known backends, or why this one cannot run here."""
+#: the model commands' (generate, train) backend when neither --backend nor $GLM5_BACKEND names one: the
+#: fast CPU backend (issue 14); the library default (`backends.get()`) stays the reference, the oracle.
+MODEL_DEFAULT_BACKEND = "cpu"
+
+
+def backend_choice(value: str | None, hint: str = "'--backend'", default: str | None = None) -> Any:
+    """The backend `value` (None: $GLM5_BACKEND, else `default`, else reference) as a usable Backend, or
+    BadParameter naming the known backends, or why this one cannot run here."""
     import backends
 
     env = os.environ.get("GLM5_BACKEND")
     if value is None and env:
         hint = "GLM5_BACKEND"
     try:
-        return backends.get(value)
+        return backends.get(value or env or default)
     except Exception as exc:  # BackendUnavailable, unknown name: the message says which and why
         known = ", ".join(n for n, _, _ in backends.available())
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

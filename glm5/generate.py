@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import click
 import torch
 
-from glm5.cli_args import backend_choice, check_preset, model_option, one_line_errors
+from glm5.cli_args import MODEL_DEFAULT_BACKEND, backend_choice, check_preset, model_option, one_line_errors
 from glm5.model import GLM5ForCausalLM
 
 
@@ -197,7 +197,7 @@ def _prompt_ids(ctx: click.Context, param: click.Parameter, value: str | None) -
     "--preset", default=None, callback=check_preset,
     help="Random weights from glm5/presets/<name>.yaml instead of --model.",
 )
-@click.option("--backend", default=None, help="Backend name (default: $GLM5_BACKEND or reference).")
+@click.option("--backend", default=None, help="Backend name (default: $GLM5_BACKEND or cpu).")
 @click.option("--prompt-ids", default=None, callback=_prompt_ids, help="Comma-separated prompt token ids.")
 @click.option(
     "--prompt-len", default=16, show_default=True, type=click.IntRange(min=1),
@@ -235,7 +235,7 @@ def generate_cmd(
 
     if (model_path is None) == (preset is None):
         raise click.UsageError("give exactly one of --model or --preset")
-    be = backend_choice(backend)
+    be = backend_choice(backend, default=MODEL_DEFAULT_BACKEND)
     with one_line_errors("'--model'" if model_path is not None else "'--preset'"):
         if model_path is not None:
             model = GLM5ForCausalLM.from_pretrained(model_path, backend=be)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from glm5.cli_args import backend_choice, check_preset, model_option, one_line_errors
+from glm5.cli_args import MODEL_DEFAULT_BACKEND, backend_choice, check_preset, model_option, one_line_errors
 from glm5.train.muon import MODES
 
 _POS = click.IntRange(min=1)
@@ -24,7 +24,7 @@ _POS = click.IntRange(min=1)
 @click.option(
     "--resume", is_flag=True, help="Continue from OUT/checkpoints/latest (bit-exact if deterministic)."
 )
-@click.option("--backend", default=None, help="Backend name (default: $GLM5_BACKEND or reference).")
+@click.option("--backend", default=None, help="Backend name (default: $GLM5_BACKEND or cpu).")
 @click.option("--optimizer", type=click.Choice(MODES), default="muon-split", show_default=True)
 @click.option("--stage", type=click.Choice(["warmup", "sparse"]), default="sparse", show_default=True)
 @model_option(help="Start from this checkpoint's weights (e.g. RUN/checkpoints/latest) instead of --config.",
@@ -73,8 +73,8 @@ def train(
     from glm5.train.loop import NothingToResume, RunExists, TrainConfig, Trainer
     from glm5.train.plots import plot_metrics
 
-    if backend is not None or os.environ.get("GLM5_BACKEND"):
-        backend_choice(backend)
+    backend = backend or os.environ.get("GLM5_BACKEND") or MODEL_DEFAULT_BACKEND
+    backend_choice(backend)
     cfg = TrainConfig(
         preset=preset,
         backend=backend,
