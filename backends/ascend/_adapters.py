@@ -34,10 +34,11 @@ def pad_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
     return torch.cat([t, pad], dim=1)
 
 
-def token_request(layout: SeqLayout) -> torch.Tensor:
-    """[T] int64: the request each query token belongs to."""
-    counts = (layout.cu_seqlens_q[1:] - layout.cu_seqlens_q[:-1]).to(torch.int64)
-    return torch.repeat_interleave(torch.arange(layout.num_requests, device=counts.device), counts)
+def token_request(layout: SeqLayout, t: int | None = None) -> torch.Tensor:
+    """[T] int64: the request each query token belongs to (a search, so no host read when T is given)."""
+    t = layout.num_tokens if t is None else t
+    tok = torch.arange(t, device=layout.device, dtype=torch.int32)
+    return torch.searchsorted(layout.cu_seqlens_q[1:], tok, right=True).to(torch.int64)
 
 
 def causal_visible(layout: SeqLayout) -> torch.Tensor:
@@ -86,6 +87,41 @@ def compact_keys(layout: SeqLayout, cache: torch.Tensor) -> tuple[torch.Tensor, 
             return cache[: cu_k[-1]], cumulative(layout.seqlens_k)
     rows, _ = physical_rows(layout, cache)
     return cache.reshape(-1, cache.shape[-1]).index_select(0, rows), cumulative(layout.seqlens_k)
+
+
+def selected_rows(layout: SeqLayout, cache: torch.Tensor, idx: torch.Tensor, t_req: torch.Tensor) -> torch.Tensor:
+    """Valid-first logical indices idx [T, K] (-1 = none) -> int64 [T, K] rows of `cache.flatten(0, -2)`
+    (row 0 where idx < 0: read by nobody, the index list stops there). Tensor ops only: no host read."""
+    pos = idx.to(torch.int64).clamp(min=0)
+    if layout.kind == "paged":
+        bs = cache.shape[1]
+        blk = layout.block_table.to(torch.int64)[t_req[:, None], pos // bs]
+        rows = blk * bs + pos % bs
+    else:
+        rows = layout.cu_seqlens_k.to(torch.int64)[t_req][:, None] + pos
+    return torch.where(idx >= 0, rows, 0)
+
+
+def selected_keys(
+    layout: SeqLayout, cache: torch.Tensor, idx: torch.Tensor, t_req: torch.Tensor, d_nope: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A TND key made of each query token's own selected rows: token t is request t of the operator call,
+    its K = idx.shape[1] keys are the rows idx[t] names, in order, so its index list becomes 0..n_t-1.
+    Copies T*K rows (what the operator reads anyway), whatever the context length: the cost of the
+    whole-request compaction without the O(seqlen) part.
+
+    idx: valid-first logical indices [T, K]. Returns (key [T*K, 1, d_nope], key_rope [T*K, 1, D - d_nope],
+    both contiguous, cumulative query lengths [T] = 1..T, cumulative key lengths [T] = K, 2K, ..,
+    indices int32 [T, K] = 0..K-1 where idx >= 0 else -1)."""
+    t, k = idx.shape
+    flat = cache.reshape(-1, cache.shape[-1])
+    rows = selected_rows(layout, cache, idx, t_req).reshape(-1)
+    key = flat[:, :d_nope].index_select(0, rows)[:, None]  # contiguous: one copy of the selected rows
+    key_rope = flat[:, d_nope:].index_select(0, rows)[:, None]
+    steps = torch.arange(1, t + 1, dtype=torch.int32, device=idx.device)
+    slots = torch.arange(k, dtype=torch.int32, device=idx.device).expand(t, k)
+    local = torch.where(idx >= 0, slots, -1).contiguous()
+    return key, key_rope, steps, steps * k, local
 
 
 def pack_int4_along_n(w: torch.Tensor) -> torch.Tensor:

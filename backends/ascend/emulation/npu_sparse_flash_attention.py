@@ -17,7 +17,15 @@ selected key is undefined in the docs; emulated as out = 0, softmax_max = -3.4e3
 
 Limits enforced: bf16/fp16 query/key/value of one dtype; D = 512, Dr = 64; N2 = 1; N1 per SoC
 (A2/A3: power of two <= 128); block_size a multiple of 16, <= 1024; sparse_block_size a power of
-two in [1, 128] dividing block_size; `sparse_indices` int32 `[T1, 1, K]`.
+two in [1, 128] dividing block_size; `sparse_indices` int32 `[T1, 1, K]`; query, key, value,
+sparse_indices, query_rope and key_rope contiguous ("不支持非连续" in the operator's parameter table,
+ops-transformer attention/sparse_flash_attention/README.md: the kernel addresses them densely).
+
+PA_BSND (paged) kv: key `[blocks, block_size, 1, 512]`, key_rope `[blocks, block_size, 1, 64]`,
+`block_table` int32 `[B, >= ceil(max_b S2_b / block_size)]`, `actual_seq_lengths_kv` int32 `[B]`
+per-request lengths (not cumulative), each in [0, block_table columns * block_size]; position p of
+request b lives in row p % block_size of block block_table[b, p // block_size]; no softmax lse.
+TND kv: key `[T2, 1, 512]` with cumulative `actual_seq_lengths_kv`.
 """
 
 from __future__ import annotations
@@ -70,6 +78,21 @@ def npu_sparse_flash_attention(
         raise NotEmulated(
             f"{OP}: layout_query={layout_query!r}, layout_kv={layout_kv!r}, sinks "
             "(emulated: TND query, TND or PA_BSND kv, no sinks)"
+        )
+    for name, t in (
+        ("query", query),
+        ("key", key),
+        ("value", value),
+        ("sparse_indices", sparse_indices),
+        ("query_rope", query_rope),
+        ("key_rope", key_rope),
+    ):
+        need(
+            not isinstance(t, torch.Tensor) or t.is_contiguous(),
+            OP,
+            name,
+            "a contiguous tensor (the operator takes no non-contiguous input)",
+            f"strides {None if not isinstance(t, torch.Tensor) else t.stride()}",
         )
     need_dtype(OP, "query", query, (torch.bfloat16, torch.float16))
     need(query.dim() == 3 and query.shape[2] == 512, OP, "query", "TND [T1, N1, 512]", list(query.shape))
@@ -144,11 +167,29 @@ def npu_sparse_flash_attention(
         need(
             isinstance(block_table, torch.Tensor)
             and block_table.dtype == torch.int32
+            and block_table.dim() == 2
             and block_table.shape[0] == nb,
             OP,
             "block_table",
             f"int32 [B={nb}, max_blocks]",
             None if block_table is None else list(block_table.shape),
+        )
+        cap = block_table.shape[1] * bs
+        need(
+            all(0 <= s <= cap for s in kv_arg),
+            OP,
+            "actual_seq_lengths_kv",
+            f"per-request lengths in [0, {cap}] (PA_BSND is not cumulative; block_table columns "
+            f">= ceil(S2max / block_size))",
+            kv_arg,
+        )
+        used = [block_table[b, : -(-s // bs)] for b, s in enumerate(kv_arg)]
+        need(
+            all(u.numel() == 0 or (int(u.min()) >= 0 and int(u.max()) < key.shape[0]) for u in used),
+            OP,
+            "block_table",
+            f"block ids in [0, {key.shape[0]}) for every used block",
+            [u.tolist() for u in used][:4],
         )
         lens_kv, flat_k, flat_r = kv_arg, key.reshape(-1, 512), key_rope.reshape(-1, 64)
 
