@@ -144,4 +144,7 @@ class Glm5BackendsForCausalLM(nn.Module):
     # -- facts for tests and logs ---------------------------------------------------------------------
     def stats(self) -> dict:
         """The backend's name, its op calls so far and the step counts (the tests read them)."""
-        return {"backend": self.backend.name, "calls": dict(self.backend.calls), **self.counts}
+        cache = self.latent_caches[0].kv_cache
+        block_size = int(cache.shape[1]) if cache.dim() == 3 else None
+        return {"backend": self.backend.name, "calls": dict(self.backend.calls), "block_size": block_size,
+                **self.counts}

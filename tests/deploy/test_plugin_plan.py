@@ -1,0 +1,40 @@
+"""`glm5 plan` prints the vLLM plugin's serve command beside the engine's own and which quantized formats
+each engine serves on the machine (W4A8-int8 experts: vllm-ascend yes, vLLM on NVIDIA no)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from click.testing import CliRunner
+
+from glm5.cli import main
+
+
+def _plan(machine: str, recipe: str = "glm5-w4a8", *extra: str):
+    args = ["plan", "--config", "tiny", "--machine", machine, "--recipe", recipe, "--max-model-len", "2048"]
+    return CliRunner().invoke(main, args + list(extra))
+
+
+def test_plan_json_has_the_plugin_command_and_formats():
+    r = _plan("h200x8", "glm5-w4a8", "--json")
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)
+    words = shlex.split(p["plugin_serve_command"])
+    assert words[:3] == ["GLM5_BACKEND=cuda", "vllm", "serve"]
+    i = words.index("--hf-overrides")
+    assert json.loads(words[i + 1]) == {"architectures": ["Glm5BackendsForCausalLM"]}
+    assert words[words.index("--tensor-parallel-size") + 1] == "1"  # the plugin model is not sharded
+    assert "--speculative-config" not in words and "--hf-overrides" not in shlex.split(p["serve_command"])
+    native = p["formats"]["vllm"]
+    assert native["W4A8"]["ok"] is False and "AMX" in native["W4A8"]["why"]
+    assert native["W8A8"]["ok"] is True and native["bf16"]["ok"] is True
+    plugin = p["formats"]["vllm + plugin (cuda)"]
+    assert plugin["W4A8"]["ok"] is True  # the cuda backend declares grouped_matmul[w4a8]
+
+
+def test_plan_text_on_ascend_says_vllm_ascend_serves_w4a8():
+    r = _plan("atlas-800t-a2")
+    assert r.exit_code == 0, r.output
+    assert "vllm-ascend: bf16 yes, W8A8 yes, W4A8 yes" in r.output
+    assert "serve with the glm5 vLLM plugin" in r.output and "GLM5_BACKEND=ascend vllm serve" in r.output

@@ -1,0 +1,55 @@
+"""Helpers of the vLLM plugin tests: run one engine in a fresh process (tests/vllm/engine.py: vLLM keeps
+process-wide state), and the project's own greedy tokens to compare with."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import backends
+from glm5.generate import generate
+from glm5.model import GLM5ForCausalLM
+
+ENGINE = Path(__file__).with_name("engine.py")
+PROMPT_LENS = (5, 40, 23)  # three lengths, submitted together
+MAX_TOKENS = 16
+ENGINE_TIMEOUT_S = 300
+
+
+def available(name: str) -> bool:
+    return any(n == name and ok for n, ok, _ in backends.available())
+
+
+def engine_env(backend: str, **extra: str) -> dict[str, str]:
+    return dict(os.environ, GLM5_BACKEND=backend, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+                **extra)
+
+
+def run_engine(cwd: Path, backend: str, env: dict[str, str] | None = None, **spec) -> dict:
+    """One vLLM engine in a fresh process (cwd: a scratch directory) -> its JSON result."""
+    proc = subprocess.run(
+        [sys.executable, str(ENGINE), json.dumps(spec)],
+        env=env or engine_env(backend),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_TIMEOUT_S,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("GLM5-RESULT ")]
+    if proc.returncode or not lines:
+        raise AssertionError(f"engine failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    return json.loads(lines[-1].removeprefix("GLM5-RESULT "))
+
+
+def expected_tokens(model_dir: Path, backend: str, prompts: list[list[int]]) -> list[list[int]]:
+    """The project's greedy generation (what `glm5 generate` runs), one request at a time."""
+    model = GLM5ForCausalLM.from_pretrained(model_dir, backend=backend).requires_grad_(False)
+    dev = model.backend.device
+    return [generate(model, torch.tensor([p], device=dev), MAX_TOKENS).tokens[0] for p in prompts]
+
+

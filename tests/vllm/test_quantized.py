@@ -1,0 +1,48 @@
+"""The project's W8A8 exports (compressed-tensors, msModelSlim) served through the plugin: loaded by the
+project's readers, computed by the backend's int8 ops, teacher-forced log-probs as the project's own
+quantized model's.
+
+Tolerance: vLLM's prompt log-probs vs `log_softmax` of the project model's logits on the same backend,
+|difference| <= 1e-4 (both run the same ops in float32; only the batch composition differs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glm5.model import GLM5ForCausalLM
+from quant.apply import quantize_model
+from quant.load import detect_format, export
+from tests.vllm._util import expected_tokens, run_engine
+
+LOGPROB_ATOL = 1e-4
+
+
+def _teacher_forced(model: GLM5ForCausalLM, prompt: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        logits = model(ids).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
+
+
+@pytest.mark.parametrize("fmt", ["compressed-tensors", "modelslim"])
+def test_w8a8_export_logprobs_through_plugin(tiny_checkpoint, prompts, scratch, tmp_path, fmt):
+    model = GLM5ForCausalLM.from_pretrained(tiny_checkpoint, backend="reference")
+    quantize_model(model, "glm5-w8a8")
+    out = tmp_path / f"tiny-w8a8-{fmt}"
+    export(model, out, fmt)
+    assert detect_format(out) == fmt
+    r = run_engine(scratch, "reference", model=str(out), prompts=prompts, prompt_logprobs=True)
+    quant = GLM5ForCausalLM.from_pretrained(out, backend="reference")
+    flt = GLM5ForCausalLM.from_pretrained(tiny_checkpoint, backend="reference")
+    worst_vs_float = 0.0
+    for i, (p, got) in enumerate(zip(prompts, r["prompt_logprobs"])):
+        got = torch.tensor(got)
+        want = _teacher_forced(quant, p)
+        err = (got - want).abs().max().item()
+        assert err <= LOGPROB_ATOL, f"prompt {i}: vLLM log-probs differ from the W8A8 model's by {err:.2e}"
+        worst_vs_float = max(worst_vs_float, (got - _teacher_forced(flt, p)).abs().max().item())
+    assert worst_vs_float > 1e-3  # the int8 path really ran: not the float weights
+    assert r["tokens"] == expected_tokens(out, "reference", prompts)
+    calls = r["stats"]["calls"]
+    assert calls["w8a8_matmul"] > 0 and calls["dynamic_quant_int8"] > 0
