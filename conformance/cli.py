@@ -6,6 +6,7 @@ glm5 conformance --backend cuda --ops topk --case 'adversarial/ties*' --dtype fl
 
 from __future__ import annotations
 
+import datetime
 import sys
 
 import click
@@ -75,6 +76,18 @@ def run_backends(
     return runs
 
 
+def _statuses(known: list[tuple[str, bool, str]], selected: list[str]) -> dict[str, dict[str, str]]:
+    """Every known backend's status before the run: selected, skipped (not selected) or not available."""
+    out = {}
+    for n, ok, why in known:
+        if selected:
+            st, reason = ("selected", "") if n in selected else ("skipped", "not selected (--backend)")
+        else:
+            st, reason = ("selected", "") if ok else ("not available", why)
+        out[n] = {"name": n, "status": st, "reason": reason}
+    return out
+
+
 @click.command()
 @click.option(
     "--backend",
@@ -103,9 +116,10 @@ def run_backends(
 def conformance(
     backend_names, ops, suite, case_glob, dtypes, json_path, junit_path, markdown_path, diff
 ) -> None:
-    """Check backends against the CPU reference (SPEC 4): every op x dtype x case, claims both ways,
-    determinism claims, proof that the backend's own code ran. Exits non-zero on any failure or when
-    zero cases ran."""
+    """Check backends against the CPU reference (docs/spec.md 4): every op x dtype x case, claims both
+    ways, determinism claims, proof that the backend's own code ran. Without --backend, every backend
+    usable here runs and the report lists every known one (built-in and plugin) with its status and
+    the reason it did not run. Exits non-zero on any failure or when zero cases ran."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -115,12 +129,16 @@ def conformance(
     from conformance.manifest import ManifestError
 
     console = Console(highlight=False, soft_wrap=True)
+    known = backends.available()
     names = _split(backend_names)
-    if not names:
-        names = [n for n, ok, _ in backends.available() if ok]
-        for n, ok, why in backends.available():
-            if not ok:
-                console.print(f"[dim]skipping backend {n}: {escape(why)}[/]")
+    unknown = [n for n in names if n not in {k for k, _, _ in known}]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown backend {unknown[0]!r}; known: {', '.join(k for k, _, _ in known)}",
+            param_hint="'--backend'",
+        )
+    statuses = _statuses(known, names)
+    names = names or [n for n, ok, _ in known if ok]
     if diff:
         from conformance.diff import main as diff_main
 
@@ -131,11 +149,22 @@ def conformance(
     except (BackendUnavailable, ManifestError, ValueError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}")
         sys.exit(2)
-    report.render(runs, console)
+    summ = report.summary(runs)
+    for run in runs:
+        s = summ[run.backend]
+        statuses[run.backend].update(status="ran", reason=f"{s['ran']} cases ran, {s['failing']} failing")
+    header = report.Header(
+        suite=suite,
+        selection={"ops": ",".join(_split(ops)), "case": case_glob or "", "dtype": ",".join(_split(dtypes))},
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        versions=report.versions(),
+        backends=list(statuses.values()),
+    )
+    report.render(runs, console, header)
     if json_path:
-        report.write_json(runs, json_path)
+        report.write_json(runs, json_path, header)
     if junit_path:
-        report.write_junit(runs, junit_path)
+        report.write_junit(runs, junit_path, header)
     if markdown_path:
-        report.write_markdown(runs, markdown_path)
+        report.write_markdown(runs, markdown_path, header)
     sys.exit(report.exit_code(runs))

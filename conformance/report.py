@@ -17,6 +17,56 @@ from conformance.result import FAILING, PASS, RAN, SKIPPED, UNSUPPORTED, XFAIL, 
 
 
 @dataclass
+class Header:
+    """What a report is about: the selection, when, on what versions, and every known backend's status
+    (`ran`, `not available` with the reason, or `skipped` when not selected), so a report of a plain
+    install says which backends were not checked and why instead of silently comparing fewer."""
+
+    suite: str
+    selection: dict[str, Any] = field(default_factory=dict)
+    date: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    backends: list[dict[str, str]] = field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        ran = [b["name"] for b in self.backends if b["status"] == "ran"]
+        if ran and set(ran) <= {"reference"}:
+            return [
+                "only the reference ran: it is the oracle, so each comparison is with itself (a check of "
+                "the suite, not of a backend); the backends above that did not run say why"
+            ]
+        return []
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "suite": self.suite,
+            "selection": self.selection,
+            "date": self.date,
+            "versions": self.versions,
+            "backends": self.backends,
+            "notes": self.notes(),
+        }
+
+
+def versions() -> dict[str, str]:
+    """Versions of what a conformance result depends on."""
+    import platform
+    from importlib import metadata
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist in ("glm5-backends", "torch", "numpy", "triton", "onnxruntime", "triton-ascend", "torch_npu"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def status_line(b: dict[str, str]) -> str:
+    return f"{b['name']}: {b['status']}" + (f" ({b['reason']})" if b.get("reason") else "")
+
+
+@dataclass
 class BackendRun:
     """Everything one backend's run produced."""
 
@@ -81,8 +131,9 @@ def failures(runs: Sequence[BackendRun]) -> list[Result]:
     return [r for run in runs for r in run.results if r.status in FAILING]
 
 
-def to_json(runs: Sequence[BackendRun]) -> dict[str, Any]:
+def to_json(runs: Sequence[BackendRun], header: Header | None = None) -> dict[str, Any]:
     return {
+        **({"report": header.to_json()} if header else {}),
         "results": [r.to_json() for run in runs for r in run.results],
         "environment": {run.backend: run.environment for run in runs},
         "summary": summary(runs),
@@ -93,9 +144,9 @@ def to_json(runs: Sequence[BackendRun]) -> dict[str, Any]:
     }
 
 
-def write_json(runs: Sequence[BackendRun], path: str) -> None:
+def write_json(runs: Sequence[BackendRun], path: str, header: Header | None = None) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(to_json(runs), f, indent=1, default=str)
+        json.dump(to_json(runs, header), f, indent=1, default=str)
 
 
 def failure_text(r: Result) -> str:
@@ -114,7 +165,7 @@ def failure_text(r: Result) -> str:
     return "\n".join(lines)
 
 
-def write_junit(runs: Sequence[BackendRun], path: str) -> None:
+def write_junit(runs: Sequence[BackendRun], path: str, header: Header | None = None) -> None:
     root = ET.Element("testsuites")
     for run in runs:
         s = summary([run])[run.backend]
@@ -141,14 +192,41 @@ def write_junit(runs: Sequence[BackendRun], path: str) -> None:
                 ET.SubElement(tc, "error", message=r.message[:500]).text = failure_text(r)
             elif r.status in (SKIPPED, UNSUPPORTED, XFAIL):
                 ET.SubElement(tc, "skipped", message=f"{r.status}: {r.message}"[:500])
+    ran = {run.backend for run in runs}
+    for b in header.backends if header else []:
+        if b["name"] not in ran:  # one skipped case per backend that did not run, with the reason
+            suite = ET.SubElement(
+                root, "testsuite", name=f"conformance.{b['name']}", tests="1", failures="0", errors="0",
+                skipped="1",
+            )
+            tc = ET.SubElement(suite, "testcase", classname=f"conformance.{b['name']}", name="backend")
+            ET.SubElement(tc, "skipped", message=status_line(b)[:500])
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def to_markdown(runs: Sequence[BackendRun]) -> str:
+def _markdown_header(header: Header) -> list[str]:
+    sel = ", ".join(f"{k} {v}" for k, v in header.selection.items() if v) or "everything"
+    out = [
+        f"Suite **{header.suite}** ({sel}), {header.date}.",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in header.versions.items()) + ".",
+        "",
+        "| backend | status | reason |",
+        "|---|---|---|",
+    ]
+    for b in header.backends:
+        reason = b.get("reason", "").replace("|", "\\|")
+        out.append(f"| {b['name']} | {b['status']} | {reason} |")
+    out += [""] + [f"**Note:** {n}" for n in header.notes()] + ([""] if header.notes() else [])
+    return out
+
+
+def to_markdown(runs: Sequence[BackendRun], header: Header | None = None) -> str:
     names = [run.backend for run in runs]
     out = [
         "# Conformance coverage",
         "",
+        *(_markdown_header(header) if header else []),
         "Every op of the contract x every dtype of its axis, whatever each backend claims; a cell is "
         "passed/ran.",
         "",
@@ -172,15 +250,35 @@ def to_markdown(runs: Sequence[BackendRun]) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_markdown(runs: Sequence[BackendRun], path: str) -> None:
+def write_markdown(runs: Sequence[BackendRun], path: str, header: Header | None = None) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        f.write(to_markdown(runs))
+        f.write(to_markdown(runs, header))
 
 
-def render(runs: Sequence[BackendRun], console) -> None:
+def render_header(header: Header, console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    sel = ", ".join(f"{k} {v}" for k, v in header.selection.items() if v) or "everything"
+    table = Table(title=f"Backends (suite {header.suite}: {escape(sel)}; {header.date})")
+    for col in ("backend", "status", "reason"):
+        table.add_column(col)
+    colors = {"ran": "green", "not available": "red", "skipped": "dim"}
+    for b in header.backends:
+        c = colors.get(b["status"], "yellow")
+        table.add_row(b["name"], f"[{c}]{b['status']}[/]", escape(b.get("reason", "")))
+    console.print(table)
+    text = ", ".join(f"{k} {v}" for k, v in header.versions.items())
+    console.print(f"[dim]versions: {escape(text)}[/]")
+
+
+def render(runs: Sequence[BackendRun], console, header: Header | None = None) -> None:
     """The console report (rich)."""
     from rich.markup import escape
     from rich.table import Table
+
+    if header:
+        render_header(header, console)
 
     table = Table(title="Conformance coverage (passed/ran per op x dtype)")
     table.add_column("op")
@@ -226,3 +324,5 @@ def render(runs: Sequence[BackendRun], console) -> None:
         text = ", ".join(f"{k} {v}" for k, v in s.items() if k != "ok")
         why = "" if s["ran"] else " (zero cases ran: nothing was checked)"
         console.print(f"[{color}]{name}: {text}{why}[/]")
+    for note in header.notes() if header else []:
+        console.print(f"[yellow]note:[/] {escape(note)}")

@@ -36,7 +36,7 @@ def test_reports_and_fixed_denominator(tmp_path):
     suite = ET.parse(paths["junit"]).getroot().find("testsuite")
     assert int(suite.get("tests")) == len(data["results"]) == len(suite.findall("testcase"))
     md = paths["markdown"].read_text()
-    rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| op ")]
+    rows = [line for line in md.splitlines() if line.split(" | ")[0].removeprefix("| ") in OPS]
     assert len(rows) == sum(len(s.dtype_axis) for s in OPS.values())  # every op x dtype, selected or not
     assert "| w4a8_matmul | float16 | - |" in md and "| topk | float32 | 2/2 |" in md
 
@@ -54,3 +54,45 @@ def test_bad_arguments_exit_2():
     ):
         out = CliRunner().invoke(conformance, args)
         assert out.exit_code == 2, (args, out.output)
+
+
+def test_report_lists_every_known_backend_with_status_suite_date_and_versions(tmp_path, monkeypatch):
+    import backends
+
+    real = backends.available
+
+    def with_ghost():  # a plugin that cannot run here must still appear, with its reason
+        return [*real(), ("ghost", False, "ghost needs a haunted device")]
+
+    monkeypatch.setattr(backends, "available", with_ghost)
+    paths = {k: tmp_path / f"r.{k}" for k in ("json", "junit", "markdown")}
+    out = CliRunner().invoke(
+        conformance,
+        ["--ops", "topk", "--suite", "smoke", "--case", "smoke/random*",
+         *[a for k, p in paths.items() for a in (f"--{k}", p)]],
+    )
+    assert out.exit_code == 0, out.output
+    rep = json.loads(paths["json"].read_text())["report"]
+    assert rep["suite"] == "smoke" and rep["date"].endswith("UTC") and "torch" in rep["versions"]
+    status = {b["name"]: b for b in rep["backends"]}
+    assert set(status) == {n for n, _, _ in with_ghost()}
+    for n, ok, why in with_ghost():
+        assert status[n]["status"] == ("ran" if ok else "not available"), status[n]
+        if not ok:
+            assert status[n]["reason"] == why
+    assert "ghost" in out.output and "haunted" in out.output
+    md = paths["markdown"].read_text()
+    assert "| ghost | not available | ghost needs a haunted device |" in md and "Versions:" in md
+    skipped = [s for s in ET.parse(paths["junit"]).getroot() if s.get("name") == "conformance.ghost"]
+    assert len(skipped) == 1 and skipped[0].get("skipped") == "1"
+
+
+def test_reference_alone_says_it_compared_with_itself(tmp_path):
+    out = CliRunner().invoke(
+        conformance,
+        ["--backend", "reference", "--ops", "topk", "--suite", "smoke", "--json", tmp_path / "r.json"],
+    )
+    assert out.exit_code == 0, out.output
+    rep = json.loads((tmp_path / "r.json").read_text())["report"]
+    assert any("only the reference ran" in n for n in rep["notes"])
+    assert {b["status"] for b in rep["backends"] if b["name"] != "reference"} == {"skipped"}
