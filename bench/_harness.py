@@ -81,3 +81,43 @@ def report(args: argparse.Namespace, record: dict[str, Any]) -> None:
     if args.json:
         with open(args.json, "a") as f:
             f.write(line + "\n")
+
+
+# -- CPU benches (bench_cpu_*.py): no device, real shapes; the machine may be shared, so every result
+# carries the load average next to it and baselines are timed interleaved with the measured code.
+
+
+def cpu_context() -> dict[str, Any]:
+    """Machine facts for a CPU result line: model, cores, torch threads, 1-minute load average."""
+    import platform
+
+    import torch
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "load1": round(os.getloadavg()[0], 2),
+        "torch": torch.__version__,
+    }
+
+
+def interleaved_s(fns: dict[str, Callable[[], Any]], runs: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds of each callable over `runs` rounds, one call of each per round (so a change of
+    load hits every variant alike)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}

@@ -13,6 +13,15 @@ with H and indexer FLOPs with H_I, so the FLOP-model speed-up (3.4x at 16K, 5.6x
 is unchanged. (c) is skipped, and said so, where its [H, S, S] buffers exceed --eager-max-gib.
 
     python bench/bench_attention_prefill.py --seqlens 4096,8192,16384,32768
+
+Chunked prefill (issue 14): `--queries T` keeps only the last T queries of the request (S keys each way
+as before, right-down causal: query i sees keys <= S - T + i). SDPA then takes that causal mask as an
+explicit [T, S] boolean (its is_causal is top-left aligned), a row `indexer` times indexer_topk alone
+with its peak memory, and the ideal is the FLOP model over the causal pairs of those T queries: indexer
+2*H_I*D_I per causal pair plus 2*H*(d_qk+d_v) per selected pair, against 2*H*(d_qk+d_v) per causal pair.
+
+    python bench/bench_attention_prefill.py --backend cpu --heads 64 --index-heads 32 --queries 512 \
+        --seqlens 8192,16384,32768,65536 --eager-max-gib 0
 """
 
 from __future__ import annotations
@@ -47,20 +56,29 @@ def _reset_peak() -> float:
     return _status("VmRSS")
 
 
-def inputs(s: int, h: int, h_i: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def inputs(s: int, h: int, h_i: int, seed: int = 0, t: int | None = None) -> dict[str, torch.Tensor]:
+    """S keys; the last t (default all S) queries."""
     g = torch.Generator().manual_seed(seed)
+    t = s if t is None else t
     return {
-        "q": torch.randn(s, h, C + R, generator=g) * 0.1,
+        "q": torch.randn(t, h, C + R, generator=g) * 0.1,
         "kv": torch.randn(s, C + R, generator=g) * 0.1,
-        "q_i": torch.randn(s, h_i, D_I, generator=g),
+        "q_i": torch.randn(t, h_i, D_I, generator=g),
         "k_i": torch.randn(s, D_I, generator=g),
-        "w": torch.randn(s, h_i, generator=g) * (h_i**-0.5 * D_I**-0.5),
+        "w": torch.randn(t, h_i, generator=g) * (h_i**-0.5 * D_I**-0.5),
     }
 
 
+def _layout(x: dict) -> SeqLayout:
+    return SeqLayout.from_lengths([x["q"].shape[0]], [x["kv"].shape[0]])
+
+
+def run_indexer(x: dict, be, topk: int) -> torch.Tensor:
+    return be.indexer_topk(x["q_i"], x["k_i"], x["w"], _layout(x), topk)
+
+
 def run_dsa(x: dict, be, topk: int) -> torch.Tensor:
-    s = x["q"].shape[0]
-    layout = SeqLayout.from_lengths([s], [s])
+    layout = _layout(x)
     idx = be.indexer_topk(x["q_i"], x["k_i"], x["w"], layout, topk)
     return be.sparse_mla_attention(x["q"], x["kv"], idx, layout, SM_SCALE, C)[0]
 
@@ -68,13 +86,24 @@ def run_dsa(x: dict, be, topk: int) -> torch.Tensor:
 def run_sdpa(x: dict) -> torch.Tensor:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q = x["q"].transpose(0, 1)[None]  # [1, H, S, 576]
+    t, s = x["q"].shape[0], x["kv"].shape[0]
+    q = x["q"].transpose(0, 1)[None]  # [1, H, T, 576]
     kv = x["kv"][None, None]  # [1, 1, S, 576]: one latent head shared (MQA)
+    # right-down causality; for T == S that is is_causal (top-left and right-down coincide)
+    mask = None if t == s else torch.ones(t, s, dtype=torch.bool).tril_(s - t)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # V = the whole row; its first C columns are the value
         o = torch.nn.functional.scaled_dot_product_attention(
-            q, kv, kv, is_causal=True, scale=SM_SCALE, enable_gqa=True
+            q, kv, kv, attn_mask=mask, is_causal=mask is None, scale=SM_SCALE, enable_gqa=True
         )
     return o[0, :, :, :C].transpose(0, 1)
+
+
+def ideal_speedup(s: int, t: int, h: int, h_i: int, topk: int) -> float:
+    """FLOP model: dense attention over the causal pairs of the last t queries vs indexer + sparse."""
+    visible = torch.arange(s - t + 1, s + 1, dtype=torch.float64)
+    pairs, selected = float(visible.sum()), float(visible.clamp(max=topk).sum())
+    per_pair = 2 * h * (C + R + C)
+    return pairs * per_pair / (pairs * 2 * h_i * D_I + selected * per_pair)
 
 
 def run_eager(x: dict) -> torch.Tensor:
@@ -104,6 +133,7 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--index-heads", type=int, default=1)
     ap.add_argument("--topk", type=int, default=2048)
+    ap.add_argument("--queries", type=int, default=None, help="only the last T queries (chunked prefill)")
     ap.add_argument("--backend", default="reference")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--eager-max-gib", type=float, default=8.0)
@@ -121,14 +151,17 @@ def main() -> None:
     )
     rows: list[dict] = []
     for s in (int(v) for v in a.seqlens.split(",")):
-        x = inputs(s, a.heads, a.index_heads)
-        ideal = (a.heads * 1088 * s * s) / (a.index_heads * D_I * s * s + 2 * a.heads * a.topk * 1088 * s)
-        eager_gib = 3 * a.heads * s * s * 4 / 2**30
+        t = s if a.queries is None else min(a.queries, s)
+        x = inputs(s, a.heads, a.index_heads, t=t)
+        ideal = ideal_speedup(s, t, a.heads, a.index_heads, a.topk)
+        eager_gib = 3 * a.heads * t * s * 4 / 2**30
         runs = {
             "sdpa": lambda x=x: run_sdpa(x),
             "dsa": lambda x=x: run_dsa(x, be, a.topk),
-            "eager": (lambda x=x: run_eager(x)) if eager_gib <= a.eager_max_gib else None,
+            "eager": (lambda x=x: run_eager(x)) if eager_gib <= a.eager_max_gib and t == s else None,
         }
+        if a.queries is not None:
+            runs["indexer"] = lambda x=x: run_indexer(x, be, a.topk)
         base = None
         for name, fn in runs.items():  # one row at a time: a run cut by `timeout` keeps what it printed
             if fn is None:
@@ -137,18 +170,21 @@ def main() -> None:
                 )
                 rows.append({"S": s, "variant": name, "skipped": f"needs ~{eager_gib:.1f} GiB"})
                 continue
-            t, peak, out = measure(fn, a.repeats)
-            base = base or (t, out)
-            diff, speed = float((out - base[1]).abs().max()), base[0] / t
+            secs, peak, out = measure(fn, a.repeats)
+            base = base or (secs, out)
+            diff = float((out - base[1]).abs().max()) if out.dtype.is_floating_point else float("nan")
+            speed = base[0] / secs
             print(
-                f"{s:>6} {name:>6} {t:>9.3f} {peak:>9.1f} {speed:>7.2f}x "
-                f"{ideal if name == 'dsa' else 1:>5.1f}x {diff:>15.3g}",
+                f"{s:>6} {name:>6} {secs:>9.3f} {peak:>9.1f} {speed:>7.2f}x "
+                f"{ideal if name == 'dsa' else 1:>5.1f}x {diff:>15.3g}"
+                + (f"   {speed / ideal:.2f} of ideal" if name == "dsa" else ""),
                 flush=True,
             )
             row = {
                 "S": s,
+                "T": t,
                 "variant": name,
-                "time_s": t,
+                "time_s": secs,
                 "peak_mib": peak,
                 "speedup_vs_sdpa": speed,
                 "ideal_flop_speedup": ideal,

@@ -69,13 +69,13 @@ def topk_rows(
     x: torch.Tensor, k: int, cand: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rule top-k of each row of x [R, C] (0 < k < C) among candidate columns (cand [R, C] bool or None).
-    Returns (values [R, k] dtype of x, columns int64 [R, k], taken bool [R, k]); untaken slots are
-    non-candidates (fewer than k in the row), their values -inf."""
+    Returns (values [R, k] dtype of x, columns int64 [R, k], taken bool [R, k] or None when every slot
+    is taken); untaken slots are non-candidates (fewer than k in the row), their values -inf."""
     r = x.shape[0]
     xm = x if cand is None else x.masked_fill(~cand, NEG_INF)
     v, col = torch.topk(xm, k + 1, dim=1, sorted=True)  # descending, NaN first
     vals, cols = v[:, :k].contiguous(), col[:, :k].contiguous()
-    taken = torch.ones(r, k, dtype=torch.bool)
+    taken = None
     nan_row = torch.isnan(v[:, 0])
     cut = v[:, k - 1] == v[:, k]
     inner = (v[:, 1:k] == v[:, : k - 1]).any(dim=1) & ~cut & ~nan_row
@@ -94,5 +94,6 @@ def topk_rows(
         order = rule_order(x[rows], cr)[:, :k]
         t = cr.gather(1, order)
         vals[rows] = torch.where(t, x[rows].gather(1, order), torch.tensor(NEG_INF, dtype=x.dtype))
+        taken = torch.ones(r, k, dtype=torch.bool)
         cols[rows], taken[rows] = order, t
     return vals, cols, taken

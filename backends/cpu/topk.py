@@ -34,7 +34,7 @@ def topk(x: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> tuple[
             cols = torch.cat([cols, cols.new_zeros(r, k - c)], dim=1)
             taken = torch.cat([taken, taken.new_zeros(r, k - c)], dim=1)
             vals = torch.cat([vals, vals.new_full((r, k - c), float("-inf"))], dim=1)
-    idx = torch.where(taken, cols, -1).to(torch.int32)
+    idx = (cols if taken is None else torch.where(taken, cols, -1)).to(torch.int32)
     return vals, idx
 
 
