@@ -1,11 +1,12 @@
 """`glm5 export-onnx`: the GLM-5 prefill graph (input_ids [B, S] -> logits [B, S, V]) as an ONNX model
 whose DSA, routing and expert ops are calls to the `glm5` ONNX functions (docs/onnx.md).
 
-The model is traced by `torch.onnx.export(dynamo=True)` with `ExportBackend`, whose ops are torch
-custom ops; the translation table maps each to its glm5 function, and the model then carries the
-function definitions (model-local functions, checked by `onnx.checker`). Shapes are static (one B
-and S per export: vendor compilers want them static, and the layout is built from them).
-`--inline` writes the model with the functions inlined, for toolchains that do not accept them.
+The model is traced on its own backend by `torch.onnx.export(dynamo=True)`: every contract op is one
+`torch.ops.glm5.<op>` custom-op node (backends/library.py), which the translation table
+(glm5/onnx_export/translation.py) maps to its glm5 function; the model then carries the function
+definitions (model-local functions, checked by `onnx.checker`). Shapes are static (one B and S per
+export: vendor compilers want them static, and the layout is built from them). `--inline` writes the
+model with the functions inlined, for toolchains that do not accept them.
 """
 
 from __future__ import annotations
@@ -16,85 +17,12 @@ import click
 import onnx
 import onnx.inliner
 import torch
-from onnxscript import FLOAT, INT32, script
 from torch import nn
 
 from backends.onnxruntime.functions import DOMAIN, OPSET, function_closure
-from backends.onnxruntime.functions._opsets import TFloat, TOut, glm5
-from backends.onnxruntime.functions.grouped_matmul import grouped_matmul
-from backends.onnxruntime.functions.indexer_topk import indexer_topk_ragged
-from backends.onnxruntime.functions.sparse_mla_attention import sparse_mla_attention_ragged
-from backends.onnxruntime.functions.topk import topk
-from backends.onnxruntime.indexer_topk import KEY_CHUNK
 from glm5.cli_args import check_preset, model_option, one_line_errors
-from glm5.onnx_export import custom_ops  # noqa: F401  (registers torch.ops.glm5_onnx.*)
-from glm5.onnx_export.custom_ops import ExportBackend
+from glm5.onnx_export.translation import translation_table
 from glm5.progress import Phases
-
-
-def _sort_stable(self, stable=None, dim: int = -1, descending: bool = False):
-    """aten.sort.stable (the MoE's argsort of expert ids) as ONNX TopK over the whole axis: TopK breaks
-    ties by the lower index, which is exactly a stable sort."""
-    from onnxscript import opset18 as op
-
-    k = op.Reshape(op.Gather(op.Shape(self), op.Constant(value_int=dim)), op.Constant(value_ints=[1]))
-    values, indices = op.TopK(self, k, axis=dim, largest=1 if descending else 0, sorted=1)
-    return values, indices
-
-
-# torch.onnx traces through (inlines) the function a translation calls and keeps the calls one level
-# down, so each translation calls a one-node wrapper: what remains in the graph is a call to the op's
-# own glm5 function (`glm5.indexer_topk_ragged`, ...), as a vendor toolchain expects to see it.
-
-
-@script(glm5)
-def _topk(x: TFloat, k: int) -> tuple[TFloat, INT32]:
-    values, indices = topk(x, k=k)
-    return values, indices
-
-
-@script(glm5)
-def _indexer_topk(q, k_cache, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, topk: int, chunk: int) -> INT32:
-    return indexer_topk_ragged(
-        q, k_cache, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, topk=topk, chunk=chunk
-    )
-
-
-@script(glm5)
-def _attention(
-    q: TFloat, kv_cache, indices, cu_seqlens_q, seqlens_k, cu_seqlens_k, sm_scale: float, d_v: int
-) -> tuple[TFloat, FLOAT]:
-    out, lse = sparse_mla_attention_ragged(
-        q, kv_cache, indices, cu_seqlens_q, seqlens_k, cu_seqlens_k, sm_scale=sm_scale, d_v=d_v
-    )
-    return out, lse
-
-
-@script(glm5)
-def _grouped(x, w, group_offsets, out_dtype: int) -> TOut:
-    return grouped_matmul(x, w, group_offsets, out_dtype=out_dtype)
-
-
-def translation_table(key_chunk: int = KEY_CHUNK) -> dict:
-    """torch op -> ONNX translation used by the export."""
-
-    def indexer_topk(q, k_cache, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, topk: int):
-        return _indexer_topk(
-            q, k_cache, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, topk=topk, chunk=key_chunk
-        )
-
-    def grouped(x, w, group_offsets):
-        # out_dtype = dtype of x; the attribute takes the TensorProto type, read from x at trace time
-        return _grouped(x, w, group_offsets, out_dtype=int(x.dtype))
-
-    ops = torch.ops.glm5_onnx
-    return {
-        ops.topk.default: _topk,
-        ops.indexer_topk_ragged.default: indexer_topk,
-        ops.sparse_mla_attention_ragged.default: _attention,
-        ops.grouped_matmul.default: grouped,
-        torch.ops.aten.sort.stable: _sort_stable,
-    }
 
 
 class _Prefill(nn.Module):
@@ -106,29 +34,40 @@ class _Prefill(nn.Module):
         return self.model(input_ids).logits
 
 
-def export_prefill(model, batch: int, seq_len: int, *, key_chunk: int = KEY_CHUNK) -> onnx.ModelProto:
+def trace_prefill(model, batch: int, seq_len: int) -> torch.export.ExportedProgram:
+    """`model`'s prefill as an ExportedProgram, traced on the model's own backend (non-strict
+    torch.export); each backend op is one `torch.ops.glm5.<op>` node."""
+    ids = torch.zeros(batch, seq_len, dtype=torch.int64)
+    with torch.no_grad():
+        return torch.export.export(_Prefill(model).eval(), (ids,), strict=False)
+
+
+def _drop_unused_value_info(graph: onnx.GraphProto) -> None:
+    """Value infos of outputs nothing reads: the exporter annotates the lse a `return_lse=False` call
+    discards with the custom op's empty placeholder shape, which the function's [T, H] contradicts."""
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    keep = [v for v in graph.value_info if v.name in read]
+    del graph.value_info[:]
+    graph.value_info.extend(keep)
+
+
+def export_prefill(model, batch: int, seq_len: int) -> onnx.ModelProto:
     """ONNX model of `model`'s prefill (no KV cache): input `input_ids` int64 [batch, seq_len] ->
-    `logits` [batch, seq_len, V] in the model's dtype. The model's backend is swapped for
-    `ExportBackend` while tracing and restored after."""
-    saved = model.backend
-    model.backend = ExportBackend()
-    try:
-        ids = torch.zeros(batch, seq_len, dtype=torch.int64)
-        program = torch.onnx.export(
-            _Prefill(model).eval(),
-            (ids,),
-            input_names=["input_ids"],
-            output_names=["logits"],
-            dynamo=True,
-            opset_version=OPSET,
-            custom_translation_table=translation_table(key_chunk),
-            optimize=False,
-            verbose=False,
-        )
-    finally:
-        model.backend = saved
+    `logits` [batch, seq_len, V] in the model's dtype."""
+    program = torch.onnx.export(
+        trace_prefill(model, batch, seq_len),
+        input_names=["input_ids"],
+        output_names=["logits"],
+        opset_version=OPSET,
+        custom_translation_table=translation_table(),
+        optimize=False,
+        verbose=False,
+    )
     proto = program.model_proto
+    _drop_unused_value_info(proto.graph)
     used = {n.op_type for n in proto.graph.node if n.domain == DOMAIN}
+    # the exporter adds the functions the translations call; replace them by the closure of the ones
+    # the graph calls, callees first, as the onnxruntime backend builds them
     del proto.functions[:]
     proto.functions.extend(function_closure(sorted(used)))
     proto.producer_name = "glm5-backends export-onnx"
