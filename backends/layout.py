@@ -17,6 +17,11 @@ import torch
 from backends.validation import check_int, check_tensor, fail
 
 
+#: serialises the first host copy of any layout (rare and short; a per-object lock would make every
+#: layout built inside a compiled region allocate a lock, which dynamo cannot trace)
+_HOST_LOCK = threading.Lock()
+
+
 @dataclass(eq=False)
 class SeqLayout:
     """cu_seqlens_q: int32 [B+1]; seqlens_k: int32 [B]; exactly one of
@@ -40,7 +45,6 @@ class SeqLayout:
     #: custom op rebuilding a checked layout): value checks are skipped unless GLM5_VALIDATE=values
     trusted: bool = False
     _host: dict = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         check_tensor("layout.cu_seqlens_q", self.cu_seqlens_q, dtype=torch.int32, ndim=1)
@@ -97,7 +101,7 @@ class SeqLayout:
         h = self._host
         if h and h["versions"] == self._versions():
             return h
-        with self._lock:
+        with _HOST_LOCK:
             h = self._host
             versions = self._versions()
             if h and h["versions"] == versions:
@@ -225,7 +229,7 @@ class SeqLayout:
         sk = torch.tensor(k_lens, dtype=torch.int32, device=device)
         if block_size is None:
             cu_k = torch.tensor([0] + list(_cumsum(k_lens)), dtype=torch.int32, device=device)
-            return SeqLayout(cu_q, sk, cu_seqlens_k=cu_k, max_seqlen_k=max(k_lens, default=0))
+            return SeqLayout(cu_q, sk, cu_seqlens_k=cu_k, max_seqlen_k=max(k_lens) if k_lens else 0)
         check_int("block_size", block_size, min_value=1)
         need = [-(-s // block_size) for s in k_lens]
         max_blocks = max(need, default=0)
@@ -238,7 +242,7 @@ class SeqLayout:
         for b, n in enumerate(need):
             table[b, :n] = torch.tensor(order[i : i + n], dtype=torch.int32)
             i += n
-        return SeqLayout(cu_q, sk, block_table=table.to(device), max_seqlen_k=max(k_lens, default=0))
+        return SeqLayout(cu_q, sk, block_table=table.to(device), max_seqlen_k=max(k_lens) if k_lens else 0)
 
 
 def _cumsum(xs: list[int]):

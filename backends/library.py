@@ -456,16 +456,18 @@ CUSTOM_OPS = {
 }
 
 
+def custom_op_args(op: str, args: dict[str, Any], key: str) -> tuple:
+    """The custom op's positional arguments for the interface's named ones (in interface order): the
+    layout flattened in place (its four tensors and max_seqlen_k), the backend key last."""
+    flat: list[Any] = []
+    for name, value in args.items():
+        flat.extend(layout_args(value) if name == "layout" else (value,))
+    return (*flat, key)
+
+
 def call(key: str, op: str, args: dict[str, Any]) -> Any:
-    """Call op's custom op with the interface's named arguments (the layout flattened)."""
-    a = dict(args)
-    layout = a.pop("layout", None)
-    flat = list(a.values())
-    if layout is not None:
-        # the layout's tensors go right after the tensor arguments that precede it in the interface
-        n_before = {"indexer_logits": 3, "indexer_topk": 3, "sparse_mla_attention": 3}[op]
-        flat = flat[:n_before] + list(layout_args(layout)) + flat[n_before:]
-    out = CUSTOM_OPS[op](*flat, key)
+    """Call op's custom op with the interface's named arguments."""
+    out = CUSTOM_OPS[op](*custom_op_args(op, args, key))
     if op == "sparse_mla_attention" and not args.get("return_lse", True):
         return out[0], None
     return out

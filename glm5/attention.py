@@ -139,8 +139,9 @@ class MLAAttention(nn.Module):
             )
         else:
             topk = shared_topk
+        # the model never uses lse (training differentiates `out` only): let the backend skip it
         out, _ = step.backend.sparse_mla_attention(
-            q, kv_cache, topk, step.slots.layout, self.sm_scale, self.c
+            q, kv_cache, topk, step.slots.layout, self.sm_scale, self.c, return_lse=False
         )
         w_uv = self.kv_b_proj.weight.view(self.n_heads, self.nope + self.v_dim, self.c)[
             :, self.nope :

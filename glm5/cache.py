@@ -83,12 +83,21 @@ class KVCache:
             )
         dev = self.device
         cu_q = torch.tensor([0] + _cumsum(q_lens), dtype=torch.int32, device=dev)
-        layout = SeqLayout(cu_q, torch.tensor(k_lens, dtype=torch.int32, device=dev), **self._layout_k)
+        # valid by construction (lengths checked above, blocks assigned at init): no per-step value checks
+        layout = SeqLayout(
+            cu_q,
+            torch.tensor(k_lens, dtype=torch.int32, device=dev),
+            **self._layout_k,
+            max_seqlen_k=max(k_lens) if k_lens else 0,
+            trusted=True,
+        )
         positions = torch.cat(
             [torch.arange(n, n + q, device=dev) for n, q in zip(self.lengths, q_lens, strict=True)]
         )
         owner = torch.repeat_interleave(
-            torch.arange(self.batch_size, device=dev), torch.tensor(q_lens, device=dev)
+            torch.arange(self.batch_size, device=dev),
+            torch.tensor(q_lens, device=dev),
+            output_size=sum(q_lens),  # known on the host: no device-to-host read for the output size
         )
         if self.block_size is None:
             rows = owner * self.max_len + positions

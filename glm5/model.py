@@ -188,6 +188,7 @@ class GLM5ForCausalLM(nn.Module):
         dev = self.model.embed_tokens.weight.device
         if cache is None:
             layout = SeqLayout.from_lengths(q_lens, q_lens, device=dev)
+            layout.trusted = True  # built from the lengths themselves
             positions = torch.cat([torch.arange(q, device=dev) for q in q_lens])
             slots = StepSlots(layout, positions, positions)
         else:

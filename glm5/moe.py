@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from backends import Backend
+from backends import Backend, moe
 from glm5.config import GLM5Config
 from glm5.layers import MLP
 
@@ -56,23 +56,12 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
         """x [T, D], ids int32 [T, k], w fp32 [T, k] -> sum_j w[t, j] * expert_{ids[t, j]}(x[t])  [T, D]."""
-        t, k = ids.shape
-        n = self.gate_proj.shape[0]
-        flat = ids.reshape(-1).long()
-        order = torch.argsort(flat, stable=True)  # (token, slot) pairs sorted by expert
-        token = order // k
-        offsets = torch.zeros(n + 1, dtype=torch.int64, device=x.device)
-        offsets[1:] = torch.cumsum(torch.bincount(flat, minlength=n), 0)
-        xs = x[token]  # [T*k, D]
-        h = nn.functional.silu(be.grouped_matmul(xs, self.gate_proj, offsets)) * be.grouped_matmul(
-            xs, self.up_proj, offsets
+        d = moe.dispatch(ids, self.gate_proj.shape[0])
+        xs = x[d.token]  # [T*k, D], expert-sorted
+        h = nn.functional.silu(be.grouped_matmul(xs, self.gate_proj, d.offsets)) * be.grouped_matmul(
+            xs, self.up_proj, d.offsets
         )
-        y = be.grouped_matmul(h, self.down_proj, offsets).float() * w.reshape(-1)[order, None]
-        return (
-            torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
-            .index_add_(0, token, y)
-            .to(x.dtype)
-        )
+        return moe.combine(be.grouped_matmul(h, self.down_proj, d.offsets), w, d).to(x.dtype)
 
 
 class MoE(nn.Module):

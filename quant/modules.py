@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from backends import Backend
+from backends import Backend, moe
 from backends.reference.w4a8_matmul import pack_int4, unpack_int4
 from quant.recipe import W4A8, W8A8, Scheme
 
@@ -131,24 +131,18 @@ class QuantExperts(nn.Module):
         return q, s[e, rows].reshape(q.shape[0], -1)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
-        t, k = ids.shape
-        flat = ids.reshape(-1).long()
-        order = torch.argsort(flat, stable=True)              # (token, slot) pairs sorted by expert
-        token = order // k
-        offsets = torch.zeros(self.n_experts + 1, dtype=torch.int64, device=x.device)
-        offsets[1:] = torch.cumsum(torch.bincount(flat, minlength=self.n_experts), 0)
+        d = moe.dispatch(ids, self.n_experts)
         w4 = self.scheme.name == W4A8
         # per-token scales do not depend on row order: quantize the T rows once, then gather
         xq, xs = be.dynamic_quant_int8(x)
-        xq, xs = xq[token], xs[token]
-        h13 = be.grouped_matmul(xq, self.w13, offsets, xs, self.w13_scale, self.gs13 if w4 else None,
+        xq, xs = xq[d.token], xs[d.token]
+        h13 = be.grouped_matmul(xq, self.w13, d.offsets, xs, self.w13_scale, self.gs13 if w4 else None,
                                 out_dtype=x.dtype)
         h = nn.functional.silu(h13[:, :self.inter]) * h13[:, self.inter:]
         hq, hs = be.dynamic_quant_int8(h)
-        y = be.grouped_matmul(hq, self.w2, offsets, hs, self.w2_scale, self.gs2 if w4 else None,
-                              out_dtype=x.dtype).float() * w.reshape(-1)[order, None]
-        out = torch.zeros(t, self.hidden, dtype=torch.float32, device=x.device)
-        return out.index_add_(0, token, y).to(x.dtype)
+        y = be.grouped_matmul(hq, self.w2, d.offsets, hs, self.w2_scale, self.gs2 if w4 else None,
+                              out_dtype=x.dtype)
+        return moe.combine(y, w, d).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"experts={self.n_experts}, hidden={self.hidden}, inter={self.inter}, {self.scheme.name}, " \
