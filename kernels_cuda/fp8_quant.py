@@ -96,7 +96,8 @@ def _mla_rows_kernel(kv_ptr, lat_ptr, sc_ptr, rope_ptr, stride_kv, stride_row_la
     tl.store(lat_ptr + n * stride_row_lat + cols, snap_e4m3(tl.math.div_rn(x, s)).to(tl.float8e4nv))
     if t == 0:
         r = tl.arange(0, 64)
-        tl.store(rope_ptr + n * stride_row_rope + r, tl.load(kv_ptr + n * stride_kv + 512 + r).to(tl.bfloat16))
+        rope = rne_bf16(tl.load(kv_ptr + n * stride_kv + 512 + r).to(tl.float32))
+        tl.store(rope_ptr + n * stride_row_rope + r, rope.to(tl.bfloat16))
 
 
 def fp8_mla_cache_quant(kv: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ def fp8_indexer_logits(
     q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, layout: SeqLayout
 ) -> torch.Tensor:
     """Semantics: backends/reference/fp8_indexer_logits.py (SPEC 7.4)"""
-    return _kernel(q, k_cache, k_scale, weights, s_max=layout.max_seqlen_k, **_indexer.layout_args(layout))
+    return _kernel(q, k_cache, k_scale, weights, s_max=layout.seqlen_k_max(), **_indexer.layout_args(layout))
 
 
 IMPL = OpImpl(

@@ -34,7 +34,7 @@ def fp8_indexer_topk(
     """Semantics: backends/reference/fp8_indexer_topk.py (SPEC 7.5)"""
     h = layout.host()
     return _kernel(q, k_cache, k_scale, weights, topk, layout.cu_seqlens_q, layout.seqlens_k,
-                   layout.cu_seqlens_k, layout.block_table, h["cu_q"], h["seqlens_k"], layout.max_seqlen_k)
+                   layout.cu_seqlens_k, layout.block_table, h["cu_q"], h["seqlens_k"], layout.seqlen_k_max())
 
 
 IMPL = OpImpl(

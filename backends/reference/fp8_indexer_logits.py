@@ -38,7 +38,7 @@ def fp8_indexer_logits(
     q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, layout: SeqLayout
 ) -> torch.Tensor:
     t, h_i, _ = q.shape
-    out = torch.full((t, layout.max_seqlen_k), float("-inf"), dtype=torch.float32)
+    out = torch.full((t, layout.seqlen_k_max()), float("-inf"), dtype=torch.float32)
     scales = k_scale.unsqueeze(-1)  # read through the same layout as the keys
     for b, (q0, q1, s) in enumerate(layout.request_bounds()):
         if q1 == q0 or s == 0:

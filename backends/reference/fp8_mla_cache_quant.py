@@ -39,9 +39,9 @@ def fp8_mla_cache_quant(kv: torch.Tensor) -> torch.Tensor:
     codes = cast_e4m3(lat / scale.repeat_interleave(BLOCK, dim=-1))
     rows = torch.empty(n, MLA_ROW_BYTES, dtype=torch.uint8)
     rows[:, :MLA_LATENT] = codes.view(torch.uint8)
-    rows[:, MLA_LATENT : MLA_LATENT + 4 * MLA_TILES] = scale.contiguous().view(torch.uint8).reshape(n, -1)
+    rows[:, MLA_LATENT : MLA_LATENT + 4 * MLA_TILES] = scale.contiguous().view(torch.uint8)
     rope = kv[:, MLA_LATENT : MLA_LATENT + MLA_ROPE].to(torch.bfloat16).contiguous()
-    rows[:, MLA_LATENT + 4 * MLA_TILES :] = rope.view(torch.uint8).reshape(n, -1)
+    rows[:, MLA_LATENT + 4 * MLA_TILES :] = rope.view(torch.uint8)
     return rows
 
 
