@@ -1,4 +1,4 @@
-"""The GLM-5 backend layer: one op contract (../SPEC.md, executable in `backends.reference`),
+"""The GLM-5 backend layer: one op contract (docs/spec.md, executable in `backends.reference`),
 many backends, selected by name.
 
     import backends
