@@ -175,5 +175,5 @@ def request_subset(
 
 def pick_rows(out: Any, f: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(out, tuple):
-        return tuple(f(t) for t in out)
+        return tuple(None if t is None else f(t) for t in out)
     return f(out)

@@ -82,6 +82,15 @@ def _invalid(g, dt):
     return nan_unindexed(a)
 
 
+def _invalid_paged(g, dt):
+    a = attn_inputs(g, dt, [2, 1], [2200, 2049], 128, h=4, d_qk=576, d_v=512, block_size=64)
+    junk = torch.tensor([-1, INT32_MIN, INT32_MAX, 2200, 2049, 1 << 20], dtype=torch.int32)
+    slots = torch.rand(a["indices"].shape, generator=g) < 0.3
+    a["indices"][slots] = junk[randint(g, 0, len(junk) - 1, int(slots.sum()))]
+    a["indices"][2] = -1  # a row with nothing to attend to: out 0
+    return nan_unindexed(a)
+
+
 def _duplicates(g, dt):
     a = attn_inputs(g, dt, [2, 2], [30, 40], 16)
     a["indices"][:, 8:] = a["indices"][:, :8]
@@ -100,6 +109,11 @@ def _noncontig(g, dt):
     a["q"] = transposed(a["q"])
     a["indices"] = strided(a["indices"])
     return a
+
+
+def _no_lse(build):
+    """The inference form: `return_lse=False`, lse None on every backend (paged caches, >= 2048 keys)."""
+    return lambda g, dt: build(g, dt) | {"return_lse": False}
 
 
 def _nan_paged(bs, g, dt):
@@ -152,6 +166,32 @@ CASES = [
         paged=True,
         grad_args=(),
         tags={"layout": "paged_bs64", "shape": "T4 H64 d_qk576 d_v512 topk2048 S<=3600"},
+    ),
+    _case(
+        "smoke/paged_bs16_s2304_topk64_no_lse",
+        _no_lse(
+            lambda g, dt: attn_inputs(g, dt, [1, 2], [2304, 2100], 64, h=4, d_qk=576, d_v=512, block_size=16)
+        ),
+        paged=True,
+        grad_args=(),
+        tags={"layout": "paged_bs16", "shape": "T3 H4 d_qk576 d_v512 topk64 S<=2304 return_lse=False"},
+    ),
+    _case(
+        "realistic/decode_paged_bs128_s4096_topk2048_no_lse",
+        _no_lse(
+            lambda g, dt: nan_unindexed(
+                attn_inputs(g, dt, [1, 1, 2], [4096, 2500, 2048], 2048, block_size=128, **_REAL)
+            )
+        ),
+        paged=True,
+        grad_args=(),
+        tags={"layout": "paged_bs128", "shape": "T4 H64 d_qk576 d_v512 topk2048 S<=4096 return_lse=False"},
+    ),
+    _case(
+        "adversarial/invalid_indices_paged_bs64_s2200_no_lse",
+        _no_lse(lambda g, dt: _invalid_paged(g, dt)),
+        paged=True,
+        tags={"layout": "paged_bs64", "shape": "T3 H4 d_qk576 topk128 junk indices return_lse=False"},
     ),
     _case(
         "adversarial/nan_unindexed_rows",

@@ -41,6 +41,12 @@ def _attention_mixed_invalid(g, dt):
     return a
 
 
+def _attention_decode_paged_no_lse(g, dt):
+    # decode + MTP on a shuffled paged cache, more keys than topk: the selected-rows route
+    a = attn_inputs(g, dt, [1, 2], [2304, 2100], 64, h=6, d_qk=576, d_v=512, block_size=16, sm_scale=0.0625)
+    return a | {"return_lse": False}
+
+
 BREAKS = {
     "swap cumulative and per-request key lengths": (
         "indexer_topk",
@@ -65,6 +71,12 @@ BREAKS = {
         _attention_mixed_invalid,
         "valid_first",
         lambda idx, s: idx.to(torch.int32),
+    ),
+    "read selected positions as physical rows": (
+        "sparse_mla_attention",
+        _attention_decode_paged_no_lse,
+        "selected_rows",
+        lambda lay, cache, idx, t_req: idx.to(torch.int64).clamp(min=0),
     ),
     "pack nibbles the other way": (
         "w4a8_matmul",
