@@ -30,6 +30,8 @@ def _w8a8_kernel(
     M,
     N,
     K,
+    stride_wn,
+    stride_wk,
     tiles_per_prog,
     HAS_BIAS: tl.constexpr,
     NPROG: tl.constexpr,
@@ -52,7 +54,8 @@ def _w8a8_kernel(
                 ok = k0 + tl.arange(0, BK)
                 mk = ok < K
                 x = tl.load(x_ptr + om[:, None] * K + ok[None, :], mask=mm[:, None] & mk[None, :], other=0)
-                w = tl.load(w_ptr + on[:, None] * K + ok[None, :], mask=mn[:, None] & mk[None, :], other=0)
+                w_off = on[:, None] * stride_wn + ok[None, :] * stride_wk
+                w = tl.load(w_ptr + w_off, mask=mn[:, None] & mk[None, :], other=0)
                 acc += tl.dot(x, tl.trans(w))
             xs = tl.load(xs_ptr + om, mask=mm, other=0.0)
             ws = tl.load(ws_ptr + on, mask=mn, other=0.0)
@@ -70,7 +73,8 @@ def w8a8_matmul(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """x_q: int8 [M, K]; x_scale: fp32 [M]; w_q: int8 [N, K]; w_scale: fp32 [N]; bias: [N] or None.
+    """x_q: int8 [M, K]; x_scale: fp32 [M]; w_q: int8 [N, K] (any strides); w_scale: fp32 [N];
+    bias: [N] or None.
     Returns [M, N] out_dtype.
     Semantics: backends/reference/w8a8_matmul.py (SPEC 2.6)"""
     m, k = x_q.shape
@@ -82,13 +86,15 @@ def w8a8_matmul(
         _w8a8_kernel[(nprog,)](
             x_q.contiguous(),
             x_scale.contiguous(),
-            w_q.contiguous(),
+            w_q,  # strided: a prepared (K-major) weight is read in place
             w_scale.contiguous(),
             bias.contiguous() if bias is not None else x_scale,
             out,
             m,
             n,
             k,
+            w_q.stride(0),
+            w_q.stride(1),
             triton.cdiv(tiles, nprog),
             HAS_BIAS=bias is not None,
             NPROG=nprog,

@@ -90,6 +90,8 @@ class AscendBackend(Backend):
         self.provider = self.resolution.provider
         self.device = self.provider.device if self.provider else "npu"
         self.ops = load_ops("backends.ascend", self.provider) if self.provider else {}
+        if self.provider is not None:  # the adapters count re-layouts of unprepared weights here
+            self.relayouts = self.provider.relayouts
 
     def available(self) -> tuple[bool, str]:
         from kernels_ascend import interpreter_active

@@ -89,7 +89,9 @@ def compact_keys(layout: SeqLayout, cache: torch.Tensor) -> tuple[torch.Tensor, 
     return cache.reshape(-1, cache.shape[-1]).index_select(0, rows), cumulative(layout.seqlens_k)
 
 
-def selected_rows(layout: SeqLayout, cache: torch.Tensor, idx: torch.Tensor, t_req: torch.Tensor) -> torch.Tensor:
+def selected_rows(
+    layout: SeqLayout, cache: torch.Tensor, idx: torch.Tensor, t_req: torch.Tensor
+) -> torch.Tensor:
     """Valid-first logical indices idx [T, K] (-1 = none) -> int64 [T, K] rows of `cache.flatten(0, -2)`
     (row 0 where idx < 0: read by nobody, the index list stops there). Tensor ops only: no host read."""
     pos = idx.to(torch.int64).clamp(min=0)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from backends.ascend._prepared import Forms
+
 EMULATE_ENV = "GLM5_ASCEND_EMULATE"
 SOC_ENV = "GLM5_ASCEND_SOC"
 
@@ -82,6 +84,10 @@ class OpsProvider:
     calls: Counter[str] = field(default_factory=Counter)
     #: (op, route) -> count: which path served each call (fused operator, kernel), for reports
     routes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: op -> per-call re-layouts of weights that were not prepared (the backend's `relayouts`)
+    relayouts: Counter[str] = field(default_factory=Counter)
+    #: derived forms of prepared weights (int4 repacks, column blocks): backends/ascend/_prepared.py
+    forms: Forms = field(default_factory=Forms)
 
     @property
     def emulated(self) -> bool:

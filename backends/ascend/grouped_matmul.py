@@ -1,13 +1,15 @@
 """ascend backend: grouped_matmul (SPEC 2.8) -> torch_npu.npu_grouped_matmul in its MoE form
 (one x, one 3-D weight, split_item=2, group_type=0), as vllm-ascend's fused MoE calls it.
 
-Conversions: weights [E, N, K] -> k-major [E, K, N]; group_offsets [E+1] -> `group_list` int64 of
-cumulative row ends (group_list_type=0; `GROUP_LIST_TYPE=1` would pass per-expert counts).
+Conversions: weights [E, N, K] -> k-major [E, K, N] (a view of a weight `prepare`d K-major; an
+unprepared one is transposed per call, counted in relayouts["grouped_matmul"]); group_offsets [E+1] ->
+`group_list` int64 of cumulative row ends (group_list_type=0; `GROUP_LIST_TYPE=1`: per-expert counts).
 - float (bf16/fp16): weights transposed.
 - W8A8: int8 weights transposed, `scale` = w_scale [E, N], `per_token_scale` = [x_scale].
-- W4A8 per-channel: weights repacked to int32 [E, K, N/8] (eight int4 along N), N padded to a multiple
-  of 8, `scale` = fp32 bits in int64, `bias` = scale_bias = 8 * sum_k w * scale, which the cube needs
-  because it splits each int8 activation into int4 halves (x = 16 hi + lo + 8).
+- W4A8 per-channel: weights repacked (once by `prepare`, kept beside the weight; else per call, counted)
+  to int32 [E, K, N/8] (eight int4 along N), N padded to a multiple of 8, `scale` = fp32 bits in
+  int64, `bias` = scale_bias = 8 * sum_k w * scale, which the cube needs because it splits each int8
+  activation into int4 halves (x = 16 hi + lo + 8).
 - everything else (fp32, per-group W4A8, which vllm-ascend also rejects for MoE, fp32 output, over the
   limits): one kernels_ascend GEMM per non-empty expert.
 Semantics: backends/reference/grouped_matmul.py (SPEC 2.8)
@@ -18,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from backends.ascend import _adapters as ad
+from backends.ascend._prepared import k_major
 from backends.ascend._provider import BATCH_INVARIANT, GMM_MAX_DIM, GMM_MAX_GROUPS, OpsProvider
 from backends.caps import OpCaps, OpImpl
 from backends.ops import FLOATS
@@ -44,10 +47,23 @@ def _gmm(provider: OpsProvider, x, weight, group_offsets, **kw) -> torch.Tensor:
     )[0]
 
 
-def w4a8_operator(provider: OpsProvider, op: str, x, x_scale, w_packed, w_scale, group_offsets, out_dtype):
-    """Per-channel W4A8 through the operator: w_packed uint8 [E, N, K//2], w_scale fp32 [E, N]."""
+def w4_form(provider: OpsProvider, op: str, key: tuple, w_packed, w_scale) -> tuple:
+    """npu_grouped_matmul's int4 form of per-channel W4 weights: the one `prepare` stored for the
+    tensors `key`, else repacked for this call (counted in relayouts[op])."""
+    form = provider.forms.get(key)
+    if form is None:
+        provider.relayouts[op] += 1
+        form = ad.repack_w4_for_npu(w_packed, w_scale)
+    return form
+
+
+def w4a8_operator(
+    provider: OpsProvider, op: str, x, x_scale, w_packed, w_scale, group_offsets, out_dtype, form
+):
+    """Per-channel W4A8 through the operator: w_packed uint8 [E, N, K//2], w_scale fp32 [E, N], and
+    `form` = their npu repack (`w4_form`)."""
     provider.record(op, provider.label(OP) + " (int4 weights repacked)")
-    weight, scale_bits, scale_bias, _ = ad.repack_w4_for_npu(w_packed, w_scale)
+    weight, scale_bits, scale_bias, _ = form
     out = _gmm(
         provider,
         x,
@@ -107,27 +123,50 @@ def _per_expert(provider: OpsProvider, x, w, group_offsets, x_scale, w_scale, gr
     return out
 
 
+def k_major_experts(provider: OpsProvider, w: torch.Tensor) -> torch.Tensor:
+    """The operator's [E, K, N] weight: a view of a weight `prepare`d K-major, else a copy (counted)."""
+    wt = w.transpose(1, 2)
+    if not wt.is_contiguous():
+        provider.relayouts["grouped_matmul"] += 1
+        wt = wt.contiguous()
+    return wt
+
+
 def impl(provider: OpsProvider) -> OpImpl:
     def grouped_matmul(x, w, group_offsets, x_scale=None, w_scale=None, group_size=None, out_dtype=None):
         if operator_reasons(x, w, group_size, out_dtype):
             return _per_expert(provider, x, w, group_offsets, x_scale, w_scale, group_size, out_dtype)
         if x.dtype.is_floating_point:
             provider.record("grouped_matmul", provider.label(OP))
-            return _gmm(provider, x, w.transpose(1, 2).contiguous(), group_offsets)
+            return _gmm(provider, x, k_major_experts(provider, w), group_offsets)
         if w.dtype == torch.int8:
             provider.record("grouped_matmul", provider.label(OP))
             return _gmm(
                 provider,
                 x,
-                w.transpose(1, 2).contiguous(),
+                k_major_experts(provider, w),
                 group_offsets,
                 scale=[w_scale],
                 per_token_scale=[x_scale],
                 output_dtype=out_dtype,
             )
-        return w4a8_operator(
-            provider, "grouped_matmul", x, x_scale, w, w_scale[:, :, 0], group_offsets, out_dtype
-        )
+        scale = w_scale[:, :, 0]
+        form = w4_form(provider, "grouped_matmul", (w, w_scale), w, scale)
+        return w4a8_operator(provider, "grouped_matmul", x, x_scale, w, scale, group_offsets, out_dtype, form)
+
+    def prepare(weights: dict) -> dict:
+        """Float / int8 experts stored K-major; per-channel int4 experts (w_scale [E, N, 1]) keep their
+        bytes and get their npu_grouped_matmul repack stored beside them."""
+        out = dict(weights)
+        w, w_scale = out.get("w"), out.get("w_scale")
+        if w is None:
+            return out
+        if w.dtype == torch.uint8:
+            if w_scale is not None and w_scale.dim() == 3 and w_scale.shape[2] == 1:
+                provider.forms.put((w, w_scale), ad.repack_w4_for_npu(w, w_scale[:, :, 0]))
+            return out
+        out["w"] = k_major(w)
+        return out
 
     def check(a: dict) -> list[str]:
         if a["w"].dtype == torch.uint8 and a["group_size"] != a["x"].shape[1] and a["group_size"] % 2:
@@ -146,4 +185,5 @@ def impl(provider: OpsProvider) -> OpImpl:
                 "otherwise kernels per expert"
             },
         ),
+        prepare,
     )
