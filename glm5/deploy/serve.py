@@ -27,8 +27,11 @@ NATIVE_FORMATS: dict[str, dict[str, tuple[bool, str]]] = {
     "vllm": {
         "bf16": (True, "float checkpoint"),
         "W8A8": (True, "compressed-tensors int8 x int8 (CompressedTensorsW8A8Int8)"),
-        "W4A8": (False, "vLLM's only int4-weight / int8-activation MoE kernel is for Intel AMX CPUs; on "
-                        "NVIDIA it serves int4 weights with FP8 activations, not this export"),
+        "W4A8": (
+            False,
+            "vLLM's only int4-weight / int8-activation MoE kernel is for Intel AMX CPUs; on "
+            "NVIDIA it serves int4 weights with FP8 activations, not this export",
+        ),
     },
     "vllm-ascend": {
         "bf16": (True, "float checkpoint"),
@@ -38,7 +41,11 @@ NATIVE_FORMATS: dict[str, dict[str, tuple[bool, str]]] = {
 }
 #: the backend ops (and grouped_matmul dtype) a plugin-served format needs
 PLUGIN_NEEDS = {
-    "bf16": [("indexer_topk", "bfloat16"), ("sparse_mla_attention", "bfloat16"), ("grouped_matmul", "bfloat16")],
+    "bf16": [
+        ("indexer_topk", "bfloat16"),
+        ("sparse_mla_attention", "bfloat16"),
+        ("grouped_matmul", "bfloat16"),
+    ],
     "W8A8": [("dynamic_quant_int8", "bfloat16"), ("w8a8_matmul", "bfloat16"), ("grouped_matmul", "w8a8")],
     "W4A8": [("dynamic_quant_int8", "bfloat16"), ("w8a8_matmul", "bfloat16"), ("grouped_matmul", "w4a8")],
 }
@@ -119,19 +126,39 @@ def plugin_serve_command(plan: Plan, model_path: str, served_name: str = "glm-5"
     backend. It is not sharded (no tensor or expert parallelism): one whole replica per device, data
     parallel; its caches are in the model dtype, no CUDA graphs, no MTP drafts."""
     req, m = plan.request, plan.request.machine
-    args = [model_path, "--served-model-name", served_name, "--hf-overrides", json.dumps(HF_OVERRIDES),
-            "--tensor-parallel-size", "1", "--data-parallel-size", str(m.devices_per_node),
-            "--max-model-len", str(req.max_model_len), "--max-num-seqs", str(req.seqs),
-            "--max-num-batched-tokens", str(req.batched_tokens), "--gpu-memory-utilization", f"{req.util:g}"]
+    args = [
+        model_path,
+        "--served-model-name",
+        served_name,
+        "--hf-overrides",
+        json.dumps(HF_OVERRIDES),
+        "--tensor-parallel-size",
+        "1",
+        "--data-parallel-size",
+        str(m.devices_per_node),
+        "--max-model-len",
+        str(req.max_model_len),
+        "--max-num-seqs",
+        str(req.seqs),
+        "--max-num-batched-tokens",
+        str(req.batched_tokens),
+        "--gpu-memory-utilization",
+        f"{req.util:g}",
+    ]
     args += [str(a) for a in m.engine.get("args") or [] if isinstance(a, str)]  # flags, not graph configs
-    return f"GLM5_BACKEND={plugin_backend(plan)} {m.engine['command']} " + " ".join(shlex.quote(a) for a in args)
+    return f"GLM5_BACKEND={plugin_backend(plan)} {m.engine['command']} " + " ".join(
+        shlex.quote(a) for a in args
+    )
 
 
 def plugin_weights_per_device(plan: Plan) -> int:
     """Bytes of weights one unsharded plugin replica holds (MTP excluded: the plugin serves no drafts)."""
     req = plan.request
-    return sum(w.rank_bytes(1, 1, False) for w in weights_for(req.config, req.recipe, req.checkpoint_format)
-               if not w.mtp)
+    return sum(
+        w.rank_bytes(1, 1, False)
+        for w in weights_for(req.config, req.recipe, req.checkpoint_format)
+        if not w.mtp
+    )
 
 
 def format_support(plan: Plan) -> dict[str, dict[str, dict[str, Any]]]:
@@ -141,20 +168,37 @@ def format_support(plan: Plan) -> dict[str, dict[str, dict[str, Any]]]:
 
     m = plan.request.machine
     native = NATIVE_FORMATS.get(m.engine_name, {})
-    out = {m.engine_name: {f: {"ok": native[f][0], "why": native[f][1]} if f in native else
-                           {"ok": None, "why": f"no facts recorded for {m.engine_name}"} for f in FORMATS}}
+    out = {
+        m.engine_name: {
+            f: {"ok": native[f][0], "why": native[f][1]}
+            if f in native
+            else {"ok": None, "why": f"no facts recorded for {m.engine_name}"}
+            for f in FORMATS
+        }
+    }
     name = plugin_backend(plan)
     be = loaded(name)
     plug: dict[str, dict[str, Any]] = {}
     for f in FORMATS:
         if be is None or not be.ops:
-            why = "does not load here" if be is None else f"declares its ops only where it runs ({be.available()[1]})"
+            why = (
+                "does not load here"
+                if be is None
+                else f"declares its ops only where it runs ({be.available()[1]})"
+            )
             plug[f] = {"ok": None, "why": f"backend {name!r} {why}: run glm5 plan there, or glm5 conformance"}
             continue
-        missing = [f"{op}[{dt}]" for op, dt in PLUGIN_NEEDS[f]
-                   if be.capabilities(op) is None or dt not in be.capabilities(op).dtypes]
-        plug[f] = {"ok": not missing, "why": f"{name} lacks " + ", ".join(missing) if missing else
-                   f"{name} declares every op it needs; compressed-tensors and msModelSlim both load"}
+        missing = [
+            f"{op}[{dt}]"
+            for op, dt in PLUGIN_NEEDS[f]
+            if be.capabilities(op) is None or dt not in be.capabilities(op).dtypes
+        ]
+        plug[f] = {
+            "ok": not missing,
+            "why": f"{name} lacks " + ", ".join(missing)
+            if missing
+            else f"{name} declares every op it needs; compressed-tensors and msModelSlim both load",
+        }
     out[f"vllm + plugin ({name})"] = plug
     return out
 
@@ -250,17 +294,22 @@ def to_text(plan: Plan, model_path: str) -> str:
         lines += [f"  export {k}={shlex.quote(v)}" for k, v in env.items()]
         lines.append("serve:" if req.nodes == 1 else "serve (one command per node, node 0 first):")
         lines += [f"  {c}" for c in serve_commands(plan, model_path)]
-    pw, usable = plugin_weights_per_device(plan), lay.per_device.get("usable", int(req.util * m.memory_per_device))
+    pw, usable = (
+        plugin_weights_per_device(plan),
+        lay.per_device.get("usable", int(req.util * m.memory_per_device)),
+    )
     lines.append(
-        f"serve with the glm5 vLLM plugin (docs/vllm.md; one unsharded replica per device: {pw / GIB:.1f} GiB "
-        f"of weights vs {usable / GIB:.1f} GiB usable: "
+        "serve with the glm5 vLLM plugin (docs/vllm.md; one unsharded replica per device: "
+        f"{pw / GIB:.1f} GiB of weights vs {usable / GIB:.1f} GiB usable: "
         + ("the weights fit, caches not counted" if pw < usable else "does not fit")
         + "):"
     )
     lines.append(f"  {plugin_serve_command(plan, model_path)}")
     lines.append(f"quantized formats on {m.name}:")
     for engine, fmts in format_support(plan).items():
-        cells = ", ".join(f"{f} {'yes' if v['ok'] else 'no' if v['ok'] is False else '?'}" for f, v in fmts.items())
+        cells = ", ".join(
+            f"{f} {'yes' if v['ok'] else 'no' if v['ok'] is False else '?'}" for f, v in fmts.items()
+        )
         lines.append(f"  {engine}: {cells}")
         why: dict[str, list[str]] = {}
         for f, v in fmts.items():

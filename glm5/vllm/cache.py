@@ -51,7 +51,11 @@ class Glm5StepMetadataBuilder(AttentionMetadataBuilder[Glm5StepMetadata]):
     _last: tuple[CommonAttentionMetadata, Glm5StepMetadata] | None = None
 
     def __init__(
-        self, kv_cache_spec: KVCacheSpec, layer_names: list[str], vllm_config: VllmConfig, device: torch.device
+        self,
+        kv_cache_spec: KVCacheSpec,
+        layer_names: list[str],
+        vllm_config: VllmConfig,
+        device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
 
@@ -117,7 +121,7 @@ class Glm5CacheLayer(nn.Module, AttentionLayerBase):
         ctx[prefix] = self
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
-        # vLLM's per-layer view is [num_blocks, H=1, block_size, D]; SeqLayout pages [num_blocks, block_size, D]
+        # vLLM's per-layer view is [num_blocks, H=1, block_size, D]; SeqLayout pages [nb, block_size, D]
         cache = kv_cache.squeeze(1)
         if cache.dim() == 3 and not cache.is_contiguous():
             raise ValueError(

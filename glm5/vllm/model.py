@@ -76,11 +76,15 @@ class Glm5BackendsForCausalLM(nn.Module):
         for i in range(c.num_hidden_layers):
             pre = f"{prefix}model.layers.{i}.self_attn"
             latent.append(
-                Glm5CacheLayer(f"{pre}.latent_cache", c.kv_lora_rank + c.qk_rope_head_dim, self.dtype, cc, False)
+                Glm5CacheLayer(
+                    f"{pre}.latent_cache", c.kv_lora_rank + c.qk_rope_head_dim, self.dtype, cc, False
+                )
             )
             full = c.indexer_types[i] == "full"
             index_k.append(
-                Glm5CacheLayer(f"{pre}.indexer.k_cache", c.index_head_dim, self.dtype, cc, True) if full else None
+                Glm5CacheLayer(f"{pre}.indexer.k_cache", c.index_head_dim, self.dtype, cc, True)
+                if full
+                else None
             )
         self.latent_caches = nn.ModuleList(latent)
         self.index_caches = nn.ModuleList([m for m in index_k if m is not None])
@@ -146,5 +150,9 @@ class Glm5BackendsForCausalLM(nn.Module):
         """The backend's name, its op calls so far and the step counts (the tests read them)."""
         cache = self.latent_caches[0].kv_cache
         block_size = int(cache.shape[1]) if cache.dim() == 3 else None
-        return {"backend": self.backend.name, "calls": dict(self.backend.calls), "block_size": block_size,
-                **self.counts}
+        return {
+            "backend": self.backend.name,
+            "calls": dict(self.backend.calls),
+            "block_size": block_size,
+            **self.counts,
+        }

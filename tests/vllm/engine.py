@@ -52,8 +52,13 @@ def main(spec: dict) -> dict:
         # entry i (i >= 1) holds log p(prompt[i] | prompt[:i]); entry 0 is None
         plp = [[lp[p].logprob for lp, p in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:])] for o in outs]
     stats = llm.apply_model(lambda m: m.stats())[0]
-    return {"tokens": tokens, "prompt_logprobs": plp, "start_s": start_s, "generate_s": generate_s,
-            "stats": stats}
+    return {
+        "tokens": tokens,
+        "prompt_logprobs": plp,
+        "start_s": start_s,
+        "generate_s": generate_s,
+        "stats": stats,
+    }
 
 
 if __name__ == "__main__":

