@@ -15,7 +15,7 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.cpu._cache import causal_counts, keys_of_request
-from backends.cpu._select import rule_order, sort_pairs
+from backends.cpu._select import order_key, rule_order
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
 
@@ -50,14 +50,20 @@ class _Scorer:
 
 def _merge(val, idx, ok, k):
     """Rule top-k (as an unordered set) of each row of the candidates (val, idx, ok) [tq, n], n > k.
-    torch.topk(k + 1) decides every row whose k-th and (k+1)-th values differ and that holds no NaN (a
-    unique -inf (k+1)-th is fine: the k above it are numbers, so candidates); other rows take the rule."""
+    torch.topk(k + 1) over the values with non-candidates at -inf decides every row that holds no NaN
+    and whose k-th and (k+1)-th values differ; and also a row tied at -inf if no candidate is -inf
+    (then it has at most k candidates, all above -inf, so all kept). Other rows take the rule."""
     vm = val.masked_fill(~ok, float("-inf"))
     v, col = torch.topk(vm, k + 1, dim=1, sorted=False)
     bad = torch.isnan(v).any(dim=1)
     v = v.masked_fill(bad[:, None], 0)
     low = v.amin(dim=1)
-    bad |= (v == low[:, None]).sum(dim=1) > 1
+    tie = (v == low[:, None]).sum(dim=1) > 1
+    if bool(tie.any()):
+        few = tie & torch.isneginf(low)
+        if bool(few.any()):
+            few &= ~(ok & torch.isneginf(val)).any(dim=1)
+        bad |= tie & ~few
     drop = v.argmin(dim=1, keepdim=True)
     col = col.scatter(1, drop, col[:, k:])[:, :k]
     if bool(bad.any()):
@@ -124,8 +130,10 @@ def _block_topk(q, keys, weights, visible, topk) -> torch.Tensor:
     best_val, best_idx, best_ok = best
     if best_val.shape[1] == 0:
         return torch.full((tq, topk), -1, dtype=torch.int32)
-    if bool(best_ok.all()) and not bool(torch.isnan(best_val).any()):
-        _, res = sort_pairs(best_val, best_idx)
+    if not bool((best_ok & torch.isnan(best_val)).any()):  # numbers only: one composite-key sort
+        key = order_key(best_val, best_idx).masked_fill_(~best_ok, torch.iinfo(torch.int64).min)
+        key, perm = torch.sort(key, dim=1, descending=True)
+        res = torch.where(best_ok.gather(1, perm), best_idx.gather(1, perm), -1)
     else:
         by_index = torch.sort(best_idx, dim=1).indices
         v, i, o = best_val.gather(1, by_index), best_idx.gather(1, by_index), best_ok.gather(1, by_index)

@@ -92,3 +92,14 @@ def test_sparse_mla_return_lse_false(cpu):
     out, lse = cpu.sparse_mla_attention(q, kv, idx, lay, 0.2, 16, return_lse=False)
     full, lse_full = cpu.sparse_mla_attention(q, kv, idx, lay, 0.2, 16)
     assert lse is None and torch.equal(out, full) and lse_full.shape == (3, 2)
+
+
+def test_indexer_topk_rows_with_fewer_keys_than_topk(cpu, ref):
+    """Full causal prefill: the first rows see fewer keys than topk (the -inf tie shortcut of `_merge`),
+    one request paged with shuffled blocks."""
+    g = torch.Generator().manual_seed(5)
+    s = 2600
+    q, w = torch.randn(s, 2, 16, generator=g), torch.randn(s, 2, generator=g)
+    k = torch.randn(s // 8, 8, 16, generator=g)
+    lay = SeqLayout.from_lengths([s], [s], block_size=8, block_order=torch.randperm(s // 8, generator=g).tolist())
+    assert torch.equal(cpu.indexer_topk(q, k, w, lay, 512), ref.indexer_topk(q, k, w, lay, 512))
