@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
+import backends
 from glm5.cli import main
 from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
@@ -70,6 +71,8 @@ def _cases(d):
         (["train", "--out", run], {}, "--out"),
         (["train", "--out", str(d / "new"), "--model", q], {}, "--model"),
         (["conformance", "--backend", "nope"], {}, "nope"),
+        *([(["generate", "--preset", "tiny", "--backend", "cuda"], {}, "not available")]
+          if not {n: ok for n, ok, _ in backends.available()}.get("cuda") else []),
         (["conformance", "--suite", "everything"], {}, "--suite"),
     ]
 

@@ -175,3 +175,19 @@ def test_partial_mtp_layer_fails_by_name(tiny, tmp_path):
     _drop_mtp(tmp_path / "c", names="eh_proj.weight")
     with pytest.raises(CheckpointError, match=r"model\.layers\.4\.eh_proj\.weight"):
         GLM5ForCausalLM.from_pretrained(tmp_path / "c", backend="reference")
+
+
+def test_quantized_loader_refuses_an_index_outside_the_directory(tiny, tmp_path):
+    from quant.apply import quantize_model
+    from quant.load import export, load_quantized
+
+    m = GLM5ForCausalLM(tiny.config, backend="reference")
+    m.load_state_dict(tiny.state_dict())
+    quantize_model(m, "glm5-w8a8")
+    export(m, tmp_path / "q", "compressed-tensors")
+    names = list(load_file(tmp_path / "q" / "model.safetensors"))
+    (tmp_path / "elsewhere.safetensors").write_bytes((tmp_path / "q" / "model.safetensors").read_bytes())
+    index = {"weight_map": {n: "../elsewhere.safetensors" for n in names}}
+    (tmp_path / "q" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="leaves the directory"):
+        load_quantized(tmp_path / "q")
