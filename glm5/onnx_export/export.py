@@ -19,9 +19,9 @@ import onnx.inliner
 import torch
 from torch import nn
 
-from backends.onnxruntime.functions import DOMAIN, OPSET, function_closure
+from backends.onnxruntime.functions import DOMAIN, OPSET
 from glm5.cli_args import check_preset, model_option, one_line_errors
-from glm5.onnx_export.translation import translation_table
+from glm5.onnx_export.translation import attach_functions, translation_table
 from glm5.progress import Phases
 
 
@@ -42,15 +42,6 @@ def trace_prefill(model, batch: int, seq_len: int) -> torch.export.ExportedProgr
         return torch.export.export(_Prefill(model).eval(), (ids,), strict=False)
 
 
-def _drop_unused_value_info(graph: onnx.GraphProto) -> None:
-    """Value infos of outputs nothing reads: the exporter annotates the lse a `return_lse=False` call
-    discards with the custom op's empty placeholder shape, which the function's [T, H] contradicts."""
-    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-    keep = [v for v in graph.value_info if v.name in read]
-    del graph.value_info[:]
-    graph.value_info.extend(keep)
-
-
 def export_prefill(model, batch: int, seq_len: int) -> onnx.ModelProto:
     """ONNX model of `model`'s prefill (no KV cache): input `input_ids` int64 [batch, seq_len] ->
     `logits` [batch, seq_len, V] in the model's dtype."""
@@ -64,18 +55,12 @@ def export_prefill(model, batch: int, seq_len: int) -> onnx.ModelProto:
         verbose=False,
     )
     proto = program.model_proto
-    _drop_unused_value_info(proto.graph)
-    used = {n.op_type for n in proto.graph.node if n.domain == DOMAIN}
-    # the exporter adds the functions the translations call; replace them by the closure of the ones
-    # the graph calls, callees first, as the onnxruntime backend builds them
-    del proto.functions[:]
-    proto.functions.extend(function_closure(sorted(used)))
     proto.producer_name = "glm5-backends export-onnx"
     proto.doc_string = (
         f"GLM-5 prefill: input_ids int64 [{batch}, {seq_len}] -> logits [{batch}, {seq_len}, V]; "
         f"DSA/MoE ops are {DOMAIN} functions (docs/onnx.md)"
     )
-    onnx.checker.check_model(proto, full_check=True)
+    attach_functions(proto)
     return proto
 
 

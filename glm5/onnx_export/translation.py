@@ -12,9 +12,11 @@ backend's (backends/onnxruntime/<op>.py), so the exported graph computes what th
 
 from __future__ import annotations
 
+import onnx
 import torch
 from onnxscript import ir
 
+from backends.onnxruntime.functions import DOMAIN, function_closure
 from backends.onnxruntime.functions._opsets import op
 from backends.onnxruntime.indexer_topk import KEY_CHUNK
 from backends.onnxruntime.linear_cross_entropy import CHUNK_ELEMS
@@ -177,3 +179,24 @@ def translation_table() -> dict:
     table[torch.ops.aten.sort.stable] = sort_stable
     table[torch.ops.aten.searchsorted.Tensor] = searchsorted
     return table
+
+
+def attach_functions(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Give an exported model the definitions of the glm5 functions its graph calls (and everything they
+    call, callees first, as the onnxruntime backend builds them) in place of what the exporter left,
+    then check it (full check)."""
+    _drop_unused_value_info(proto.graph)
+    used = {n.op_type for n in proto.graph.node if n.domain == DOMAIN}
+    del proto.functions[:]
+    proto.functions.extend(function_closure(sorted(used)))
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def _drop_unused_value_info(graph: onnx.GraphProto) -> None:
+    """Value infos of outputs nothing reads: the exporter annotates the lse a `return_lse=False` call
+    discards with the custom op's empty placeholder shape, which the function's [T, H] contradicts."""
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    keep = [v for v in graph.value_info if v.name in read]
+    del graph.value_info[:]
+    graph.value_info.extend(keep)

@@ -16,7 +16,8 @@ from backends.onnxruntime.functions import DOMAIN
 from glm5.cli import main
 from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
-from glm5.onnx_export.export import run_onnx, translation_table
+from glm5.onnx_export.export import run_onnx
+from glm5.onnx_export.translation import translation_table
 
 B, S = 2, 40
 
@@ -98,3 +99,32 @@ def test_stable_argsort_exports_as_a_stable_topk():
     sess = ort.InferenceSession(prog.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
     got = sess.run(None, {"x": x.numpy()})[0]
     assert torch.equal(torch.from_numpy(got), torch.argsort(x, stable=True))
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_exports_as_a_count_of_smaller_keys(right):
+    """The MoE dispatch finds each expert's first sorted row with searchsorted (backends/moe.py), which
+    torch's ONNX table lacks; the export counts the sorted keys below each value (at or below: right)."""
+
+    class Search(torch.nn.Module):
+        def forward(self, keys, bounds):
+            return torch.searchsorted(keys, bounds, right=right), torch.searchsorted(
+                keys, bounds, right=right, out_int32=True
+            )
+
+    keys = torch.sort(torch.randint(0, 9, (300,), generator=torch.Generator().manual_seed(4))).values
+    bounds = torch.arange(-1, 11, dtype=torch.int64)  # below, inside (with repeats) and above the keys
+    prog = torch.onnx.export(
+        Search(),
+        (keys, bounds),
+        dynamo=True,
+        opset_version=18,
+        optimize=False,
+        custom_translation_table=translation_table(),
+        input_names=["keys", "bounds"],
+    )
+    sess = ort.InferenceSession(prog.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    got64, got32 = sess.run(None, {"keys": keys.numpy(), "bounds": bounds.numpy()})
+    want = torch.searchsorted(keys, bounds, right=right)
+    assert torch.equal(torch.from_numpy(got64), want) and got64.dtype.name == "int64"
+    assert torch.equal(torch.from_numpy(got32).long(), want) and got32.dtype.name == "int32"
