@@ -168,7 +168,12 @@ def impl(provider: OpsProvider) -> OpImpl:
             tie_rule="lower_index",
             limits={
                 "operator": "bf16/fp16, D_I=128, block_size % 16 == 0 <= 1024, "
-                "topk <= 8192; otherwise triton-ascend kernels"
+                "topk <= 8192; otherwise triton-ascend kernels",
+                "kernel_fallback_cost": "outside the operator's limits, and per row for a tie group "
+                "running past the K' candidates, the whole [rows, S] logits are computed "
+                "(ROW_BLOCK rows at a time) and ranked by kernels_ascend.topk: O(S^2) compares per "
+                "query row instead of the operator's O(S) (no tl.sort on Ascend; the interpreter "
+                "lacks it too)",
             },
         ),
     )
