@@ -16,12 +16,16 @@ import torch
 from backends.caps import OpCaps, OpImpl
 from backends.cpu._cache import causal_counts, keys_of_request
 from backends.cpu._select import order_key, rule_order
+from backends.cpu._workspace import buffer
+from backends.cpu.topk import topk as select_topk
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
 
 # The reference's blocking: scores are computed on exactly these shapes, so they are its bits.
 QUERY_BLOCK = 128
 KEY_CHUNK = 2048
+#: blocks with at most this many (query, key) logits take one exact selection over all of them
+DIRECT_ELEMS = 1 << 20
 
 
 class _Scorer:
@@ -32,8 +36,8 @@ class _Scorer:
         tq, h, d = q.shape
         self.q = q.float().reshape(tq * h, d)
         self.w = weights.float()[:, None, :]  # [tq, 1, H_I]
-        self.dots = torch.empty(tq * h, KEY_CHUNK)
-        self.out = torch.empty(tq, 1, KEY_CHUNK)
+        self.dots = buffer("indexer.dots", tq * h * KEY_CHUNK).view(tq * h, KEY_CHUNK)
+        self.out = buffer("indexer.out", tq * KEY_CHUNK).view(tq, 1, KEY_CHUNK)
         self.tq, self.h = tq, h
 
     def __call__(self, keys: torch.Tensor) -> torch.Tensor:
@@ -46,6 +50,18 @@ class _Scorer:
         out = self.out if s == KEY_CHUNK else self.out.view(-1)[: self.tq * s].view(self.tq, 1, s)
         torch.bmm(self.w, dots.view(self.tq, self.h, s), out=out)
         return out[:, 0]
+
+
+def _direct_topk(q, keys, weights, visible, topk) -> torch.Tensor:
+    """Small blocks (decode, short requests): every chunk's scores side by side in one [tq, S] buffer,
+    then one exact selection (the cpu `topk`): bounded by DIRECT_ELEMS, so still O(chunk) memory."""
+    tq, s = q.shape[0], keys.shape[0]  # chunk bounds as the reference's: the bits depend on the shapes
+    score = _Scorer(q, weights)
+    logits = buffer("indexer.logits", tq * s).view(tq, s)
+    for c0 in range(0, s, KEY_CHUNK):
+        c1 = min(c0 + KEY_CHUNK, s)
+        logits[:, c0:c1] = score(keys[c0:c1])
+    return select_topk(logits, topk, visible)[1]
 
 
 def _merge(val, idx, ok, k):
@@ -158,7 +174,11 @@ def indexer_topk(
         visible = causal_counts(q1 - q0, s)
         for a in range(q0, q1, QUERY_BLOCK):
             z = min(a + QUERY_BLOCK, q1)
-            out[a:z] = _block_topk(q[a:z], keys, weights[a:z], visible[a - q0 : z - q0], topk)
+            vis = visible[a - q0 : z - q0]
+            if (z - a) * s <= DIRECT_ELEMS:
+                out[a:z] = _direct_topk(q[a:z], keys, weights[a:z], vis, topk)
+            else:
+                out[a:z] = _block_topk(q[a:z], keys, weights[a:z], vis, topk)
     return out
 
 

@@ -9,6 +9,7 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.cpu._cache import flat, rows_of
+from backends.cpu._workspace import buffer
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
 
@@ -32,9 +33,9 @@ class _Workspace:
     more in page faults than the copy or GEMM that fills it."""
 
     def __init__(self, step: int, n: int, h: int, d_qk: int, dtype: torch.dtype) -> None:
-        self.raw = torch.empty(step * n, d_qk, dtype=dtype)
-        self.keys = self.raw if dtype == torch.float32 else torch.empty(step * n, d_qk)
-        self.p = torch.empty(step, h, n)
+        self.raw = buffer("mla.raw", step * n * d_qk, dtype).view(step * n, d_qk)
+        self.keys = self.raw if dtype == torch.float32 else buffer("mla.keys", step * n * d_qk).view(-1, d_qk)
+        self.p = buffer("mla.p", step * h * n).view(step, h, n)
         self.n = n
 
     def block(self, q, cache, rows, valid, d_v):
