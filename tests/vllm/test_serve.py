@@ -101,17 +101,19 @@ def test_vllm_serve_completion_with_token_ids(tiny_checkpoint, prompts, scratch)
         try:
             _wait_healthy(proc, f"http://127.0.0.1:{port}/health", log)
             print(f"vllm serve healthy after {time.monotonic() - t0:.1f} s")
-            resp = _post(
-                f"http://127.0.0.1:{port}/v1/completions",
-                {
-                    "model": "tiny-glm5",
-                    "prompt": prompts,
-                    "max_tokens": MAX_TOKENS,
-                    "temperature": 0,
-                    "ignore_eos": True,
-                    "return_token_ids": True,
-                },
-            )
+            body = {
+                "model": "tiny-glm5",
+                "prompt": prompts,
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            }
+            resp = _post(f"http://127.0.0.1:{port}/v1/completions", body)
+            # again: now the prompts' full blocks come from vLLM's prefix cache (latent and indexer keys)
+            again = _post(f"http://127.0.0.1:{port}/v1/completions", body)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as m:
+                metrics = m.read().decode()
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)  # the server and the engine process it started
@@ -121,9 +123,12 @@ def test_vllm_serve_completion_with_token_ids(tiny_checkpoint, prompts, scratch)
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
     assert proc.returncode is not None  # stopped
-    choices = sorted(resp["choices"], key=lambda c: c["index"])
-    got = [c["token_ids"] for c in choices]
+    got = [c["token_ids"] for c in sorted(resp["choices"], key=lambda c: c["index"])]
     assert got == expected_tokens(tiny_checkpoint, "reference", prompts)
+    assert [c["token_ids"] for c in sorted(again["choices"], key=lambda c: c["index"])] == got
+    hit_lines = [ln for ln in metrics.splitlines() if ln.startswith("vllm:prefix_cache_hits_total")]
+    hits = [float(ln.split()[-1]) for ln in hit_lines]
+    assert hits and hits[0] >= 3 * 16  # the full 16-token blocks of the 40- and 23-token prompts
     # and literally what the CLI prints for the first prompt
     cli = subprocess.run(
         [
