@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from backends.validation import check_int, check_tensor, fail
-
+from backends.argcheck import check_int, check_tensor, fail
 
 #: serialises the first host copy of any layout (rare and short; a per-object lock would make every
 #: layout built inside a compiled region allocate a lock, which dynamo cannot trace)

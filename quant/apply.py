@@ -138,19 +138,3 @@ def quantize_modules(model: nn.Module, plan: dict[str, Scheme], recipe: Recipe, 
                     q, s = quantize_tensor(getattr(mod, p)[j].detach(), scheme, recipe, hessians.get(key))
                     new.set_int(j, p, q, s)
             set_module(model, name, new)
-
-
-def quantize_model(model: nn.Module, recipe: Recipe | str, calib_ids: torch.Tensor | None = None,
-                   **calib_kw) -> dict[str, Scheme]:
-    """Quantize `model` in place by `recipe`. calib_ids [B, S] int: layer-by-layer calibration (smoothing,
-    AWQ, GPTQ; quant/calibrate.py); None: data-free round-to-nearest (minmax or SSZ). Returns the plan."""
-    recipe = Recipe.load(recipe) if isinstance(recipe, str) else recipe
-    plan = plan_model(model, recipe)
-    if calib_ids is not None:
-        from quant.calibrate import calibrate
-
-        calibrate(model, recipe, plan, calib_ids, **calib_kw)
-    quantize_modules(model, plan, recipe)   # whatever calibration left (MTP, head) is data-free
-    model.quant_plan = plan
-    model.quant_recipe = recipe.name
-    return plan

@@ -69,9 +69,9 @@ def quantize(model_path: Path, recipe_name: str, fmt: str, out: Path, overwrite:
 
     from glm5.model import GLM5ForCausalLM
     from glm5.progress import Phases
-    from quant.apply import quantize_model
     from quant.data import token_batch
     from quant.load import export
+    from quant.quantize import quantize_model
 
     t0 = time.time()
     with Phases("quantize", enabled=not quiet) as progress:

@@ -80,8 +80,9 @@ def _fmt_gib(b: int) -> str:
 def ppl_table(model_dir: Path, n_eval: int = 32, n_calib: int = 16, seq_len: int = 128) -> list[dict]:
     """Held-out perplexity of the checkpoint in fp32 / bf16 and quantized by each recipe (bf16 base), with
     and without calibration; weight bytes of each."""
-    from quant.apply import plan_model, quantize_model
+    from quant.apply import plan_model
     from quant.memory import weight_bytes
+    from quant.quantize import quantize_model
     from quant.recipe import Recipe
 
     ev = token_batch("heldout", n_eval, seq_len, seed=1)

@@ -31,8 +31,8 @@ def dirs(tmp_path_factory):
     t = load_file(root / "nomtp" / "model.safetensors")
     save_file({k: v for k, v in t.items() if not k.startswith("model.layers.4.")},
               root / "nomtp" / "model.safetensors")
-    from quant.apply import quantize_model
     from quant.load import export
+    from quant.quantize import quantize_model
 
     quantize_model(model, "glm5-w8a8")
     export(model, root / "quant", "compressed-tensors")

@@ -110,7 +110,7 @@ def miniature(cfg):
 
 
 def _quantize(model, recipe: str, calib_ids: torch.Tensor) -> None:
-    from quant.apply import quantize_model
+    from quant.quantize import quantize_model
     from quant.recipe import Recipe
 
     try:

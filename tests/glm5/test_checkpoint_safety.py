@@ -178,8 +178,8 @@ def test_partial_mtp_layer_fails_by_name(tiny, tmp_path):
 
 
 def test_quantized_loader_refuses_an_index_outside_the_directory(tiny, tmp_path):
-    from quant.apply import quantize_model
     from quant.load import export, load_quantized
+    from quant.quantize import quantize_model
 
     m = GLM5ForCausalLM(tiny.config, backend="reference")
     m.load_state_dict(tiny.state_dict())

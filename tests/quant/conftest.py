@@ -8,7 +8,7 @@ import torch
 
 from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
-from quant.apply import quantize_model
+from quant.quantize import quantize_model
 
 
 def tiny_model(seed: int = 0, dtype: torch.dtype | None = None) -> GLM5ForCausalLM:

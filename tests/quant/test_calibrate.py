@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 
 from glm5.moe import Experts
-from quant.apply import plan_model, quantize_model
+from quant.apply import plan_model
 from quant.calibrate import _smooth_layer, _Stats, awq_search
 from quant.modules import QuantExperts, QuantLinear
+from quant.quantize import quantize_model
 from quant.quantizers import dequantize, quantize_weight
 from quant.recipe import W4A8, Recipe, Scheme
 from tests.quant.conftest import ids, tiny_model

