@@ -14,7 +14,7 @@ from torch import nn
 
 from backends import Backend
 from quant.apply import empty_like_plan
-from quant.formats import compressed_tensors, modelslim
+from quant.formats import compressed_tensors, fp8, modelslim
 from quant.formats.common import TensorReader, fill_model
 
 FORMATS: dict[str, ModuleType] = {compressed_tensors.FORMAT: compressed_tensors, modelslim.FORMAT: modelslim}
@@ -31,6 +31,8 @@ def detect_format(path: str | Path) -> str | None:
     if (path / "config.json").exists():
         qc = read_config(path).get("quantization_config")
         if qc:
+            if qc.get("quant_method") == fp8.FORMAT:
+                return fp8.FORMAT  # GLM-5-FP8 / DeepSeek block FP8 (quant/formats/fp8.py)
             if qc.get("quant_method") != "compressed-tensors":
                 raise ValueError(f"quantization_config.quant_method: expected 'compressed-tensors', "
                                  f"got {qc.get('quant_method')!r}")
@@ -44,8 +46,10 @@ def is_quantized(path: str | Path) -> bool:
 
 def export(model: nn.Module, path: str | Path, fmt: str) -> None:
     """Write the quantized `model` to `path` as `fmt` ('compressed-tensors' or 'modelslim')."""
+    if fmt == fp8.FORMAT:
+        return fp8.export(model, Path(path))
     if fmt not in FORMATS:
-        raise ValueError(f"fmt: expected one of {sorted(FORMATS)}, got {fmt!r}")
+        raise ValueError(f"fmt: expected one of {sorted(FORMATS) + [fp8.FORMAT]}, got {fmt!r}")
     FORMATS[fmt].export(model, Path(path))
 
 
@@ -63,6 +67,8 @@ def load_quantized(path: str | Path, backend: Backend | str | None = None, dtype
     if fmt is None:
         raise ValueError(f"path: {path} holds no quantized checkpoint (no {modelslim.DESCRIPTION}, "
                          "no quantization_config in config.json)")
+    if fmt == fp8.FORMAT:
+        return fp8.load_fp8(path, backend=backend, dtype=dtype, cls=cls)
     raw = read_config(path)
     reader = TensorReader(path)
     config = without_absent_mtp(GLM5Config.from_dict(raw), reader.where, path)

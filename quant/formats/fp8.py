@@ -1,0 +1,203 @@
+"""GLM-5-FP8 / DeepSeek-V3 FP8 checkpoints (shared/reference/quant.md section 5): read, write, dequantize.
+
+config.json `quantization_config`: {quant_method: fp8, fmt: e4m3, activation_scheme: dynamic,
+weight_block_size: [128, 128]} (+ `scale_fmt: ue8m0` in V3.1+/V3.2-style checkpoints). Every quantized
+linear stores `<name>.weight` e4m3 [N, K] and `<name>.weight_scale_inv` fp32 [ceil(N/128), ceil(K/128)],
+a multiplier despite the name: W = W_fp8 * scale_inv[n // 128, k // 128]. Kept in bf16 as published:
+embeddings, lm_head, norms, the router gate (fp32 `e_score_correction_bias`), eh_proj, the indexer's
+weights_proj and k_norm.
+
+Loading (`load_fp8`): FP8 linears and routed experts become `FP8Linear` / `FP8Experts` (the backend's
+FP8 ops). `kv_b_proj` is stored FP8 but de-quantized at load, as vLLM does, because the absorbed MLA
+reads its weight directly. `dequantizing_reader` serves the float loader instead: each FP8 tensor is
+de-quantized when it is read, block by block, so converting to W8A8 / W4A8 never holds an FP8 and a
+float copy of more than one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from backends.reference.fp8_format import BLOCK, E4M3, dequantize_weight_blocks, quantize_weight_blocks
+from glm5.moe import Experts
+from quant.fp8_modules import EXPERT_PROJS, FP8Experts, FP8Linear
+from quant.formats.common import TensorReader, write_checkpoint
+
+FORMAT = "fp8"
+SCALE_SUFFIX = "_scale_inv"
+#: module names kept in bf16 in published GLM-5-FP8 / DeepSeek-V3.2 FP8 checkpoints
+KEEP_BF16 = ("model.embed_tokens", "lm_head", "*.mlp.gate", "*.eh_proj", "*.indexer.weights_proj")
+#: stored FP8, de-quantized at load (the absorbed MLA reads the weight itself)
+DEQUANT_AT_LOAD = ("*.self_attn.kv_b_proj",)
+
+
+def quantization_config(ue8m0: bool = False) -> dict[str, Any]:
+    qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [BLOCK, BLOCK],
+          "modules_to_not_convert": list(KEEP_BF16)}
+    if ue8m0:
+        qc["scale_fmt"] = "ue8m0"
+    return qc
+
+
+def check_config(qc: dict[str, Any]) -> bool:
+    """The checkpoint's quantization_config is one this loader reads; returns whether scales are UE8M0."""
+    if qc.get("quant_method") != "fp8":
+        raise ValueError(f"quantization_config.quant_method: expected 'fp8', got {qc.get('quant_method')!r}")
+    if list(qc.get("weight_block_size") or []) != [BLOCK, BLOCK]:
+        raise ValueError(f"quantization_config.weight_block_size: expected [128, 128], got "
+                         f"{qc.get('weight_block_size')!r} (per-tensor FP8 is not this format)")
+    if qc.get("fmt", "e4m3") != "e4m3" or qc.get("activation_scheme", "dynamic") != "dynamic":
+        raise ValueError("quantization_config: expected fmt e4m3 with dynamic activations, got "
+                         f"fmt={qc.get('fmt')!r}, activation_scheme={qc.get('activation_scheme')!r}")
+    return qc.get("scale_fmt") == "ue8m0"
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def fp8_targets(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(module name, module) of every linear / routed-experts module stored FP8."""
+    return [(n, m) for n, m in model.named_modules()
+            if isinstance(m, (nn.Linear, Experts, FP8Linear, FP8Experts)) and not _matches(n, KEEP_BF16)]
+
+
+# -- export ----------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def export(model: nn.Module, path: Path, ue8m0: bool = False) -> None:
+    """Write a float (or FP8-loaded) model as a GLM-5-FP8-style checkpoint: the FP8 targets block-quantized
+    (or copied when already FP8), everything else as the model holds it."""
+    from glm5.checkpoint import hf_state_dict
+
+    tensors = hf_state_dict(model)
+    for name, mod in fp8_targets(model):
+        if isinstance(mod, FP8Linear):
+            tensors.pop(f"{name}.weight_scale_inv", None)
+            tensors[f"{name}.weight"], tensors[f"{name}.weight{SCALE_SUFFIX}"] = mod.weight.cpu(), \
+                mod.weight_scale_inv.cpu()
+        elif isinstance(mod, nn.Linear):
+            tensors[f"{name}.weight"], tensors[f"{name}.weight{SCALE_SUFFIX}"] = quantize_weight_blocks(
+                mod.weight.detach().cpu())
+        else:
+            for e in range(mod.n_experts if isinstance(mod, FP8Experts) else mod.gate_proj.shape[0]):
+                for p in EXPERT_PROJS:
+                    key = f"{name}.{e}.{p}"
+                    if isinstance(mod, FP8Experts):
+                        q, s = (t.cpu() for t in mod.fp8_weight(e, p))
+                        tensors.pop(f"{name}.{p}_scale_inv", None)
+                    else:
+                        q, s = quantize_weight_blocks(getattr(mod, p)[e].detach().cpu())
+                    tensors[f"{key}.weight"], tensors[f"{key}.weight{SCALE_SUFFIX}"] = q, s
+    tensors = {k: v.contiguous().clone() for k, v in tensors.items() if not k.endswith("_scale_inv") or
+               k.endswith(f".weight{SCALE_SUFFIX}")}
+    cfg = model.config.to_dict()
+    cfg["dtype"] = str(model.dtype).removeprefix("torch.")
+    cfg["quantization_config"] = quantization_config(ue8m0)
+    write_checkpoint(Path(path), cfg, tensors)
+
+
+# -- load ------------------------------------------------------------------------------------------------
+
+
+class DequantizingReader(TensorReader):
+    """A TensorReader that returns FP8 weights de-quantized to `dtype` (one tensor at a time, block by
+    block) and hides their `_scale_inv` companions: what the float loader expects."""
+
+    def __init__(self, path: Path, dtype: torch.dtype) -> None:
+        super().__init__(path)
+        self.dtype = dtype
+        self._raw = TensorReader(path)  # every tensor as stored, scales included
+        scale = f".weight{SCALE_SUFFIX}"
+        self._scales = {k[: -len(SCALE_SUFFIX)]: k for k in self.where if k.endswith(scale)}
+        self.where = {k: v for k, v in self.where.items() if not k.endswith(scale)}
+
+    def get(self, name: str) -> torch.Tensor:
+        t = super().get(name)
+        if t.dtype == E4M3:
+            if name not in self._scales:
+                raise ValueError(f"checkpoint: {name} is e4m3 but has no {name}{SCALE_SUFFIX}")
+            return dequantize_weight_blocks(t, self._raw.get(self._scales[name])).to(self.dtype)
+        return t
+
+
+def dequantized_state(path: str | Path, dtype: torch.dtype = torch.bfloat16):
+    return DequantizingReader(Path(path), dtype)
+
+
+@torch.no_grad()
+def load_fp8(path: str | Path, backend: Any = None, dtype: torch.dtype | None = None, cls: type | None = None,
+             fp8_modules: bool = True) -> nn.Module:
+    """Build `cls` (GLM5ForCausalLM) from an FP8 checkpoint. fp8_modules=True: FP8Linear / FP8Experts on
+    the backend's FP8 ops (the format served as published); False: every weight de-quantized to `dtype`
+    (a float model, e.g. the source of `glm5 quantize`)."""
+    from glm5.checkpoint import read_config, without_absent_mtp
+    from glm5.config import GLM5Config
+    from glm5.model import GLM5ForCausalLM
+
+    path = Path(path)
+    raw = read_config(path)
+    ue8m0 = check_config(raw.get("quantization_config") or {})
+    dtype = dtype or {"float32": torch.float32, "float16": torch.float16}.get(
+        str(raw.get("dtype") or raw.get("torch_dtype")), torch.bfloat16)
+    reader = DequantizingReader(path, dtype)
+    config = without_absent_mtp(GLM5Config.from_dict(raw), reader.where, path)
+    cls = cls or GLM5ForCausalLM
+    with torch.device("meta"):
+        model = cls(config, backend=backend, dtype=dtype)
+    swapped: dict[str, nn.Module] = {}
+    if fp8_modules:
+        for name, mod in fp8_targets(model):
+            if _matches(name, DEQUANT_AT_LOAD):
+                continue
+            if isinstance(mod, nn.Linear):
+                new = FP8Linear(mod.in_features, mod.out_features, model.backend, mod.bias is not None, ue8m0, "meta")
+            else:
+                e, i, d = mod.gate_proj.shape
+                new = FP8Experts(e, d, i, ue8m0, "meta")
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent), leaf, new)
+            swapped[name] = new
+    model.to_empty(device=model.backend.device)
+    _fill(model, reader, swapped)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.fp8_ue8m0 = ue8m0
+    return model.eval()
+
+
+def _fill(model: nn.Module, reader: DequantizingReader, swapped: dict[str, nn.Module]) -> None:
+    from glm5.checkpoint import _hf_names
+
+    raw = reader._raw
+    for name, mod in swapped.items():
+        if isinstance(mod, FP8Linear):
+            mod.set_fp8(raw.get(f"{name}.weight"), raw.get(f"{name}.weight{SCALE_SUFFIX}"),
+                        raw.get(f"{name}.bias") if mod.bias is not None else None)
+            for t in ("weight", f"weight{SCALE_SUFFIX}", "bias"):
+                reader.used.add(f"{name}.{t}")
+        else:
+            for e in range(mod.n_experts):
+                for p in EXPERT_PROJS:
+                    key = f"{name}.{e}.{p}"
+                    mod.set_fp8(e, p, raw.get(f"{key}.weight"), raw.get(f"{key}.weight{SCALE_SUFFIX}"))
+                    reader.used.add(f"{key}.weight")
+    prefixes = tuple(f"{n}." for n in swapped)
+    params = model.state_dict(keep_vars=True)
+    for hf, sd, e in _hf_names(model):
+        if hf.startswith(prefixes) or sd not in params:
+            continue
+        t = reader.get(hf)
+        dst = params[sd][e] if e is not None else params[sd]
+        if tuple(t.shape) != tuple(dst.shape):
+            raise ValueError(f"checkpoint: {hf} expected shape {list(dst.shape)}, got {list(t.shape)}")
+        dst.copy_(t)
+    left = [n for n in reader.unused()]
+    if left:
+        raise ValueError(f"checkpoint: {len(left)} unexpected tensor(s): {', '.join(left[:20])}")

@@ -1,0 +1,91 @@
+"""FP8 drop-ins for the model's `nn.Linear` and routed `Experts` (GLM-5-FP8 / DeepSeek-V3 block format),
+computing through the backend's FP8 ops (SPEC 7.1-7.3).
+
+Weights are e4m3 with `weight_scale_inv` fp32 multipliers per 128 x 128 block (`[ceil(N/128),
+ceil(K/128)]`); activations are quantized per token in 1 x 128 groups on every call (`fp8_quant_group`,
+DeepSeek's 1e-4 floor; UE8M0 scales when the checkpoint says `scale_fmt: ue8m0`). Experts keep gate, up
+and down as three stacked tensors, because a fused gate|up would break the 128-row blocks whenever the
+expert width is not a multiple of 128.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from backends import Backend, moe
+from backends.reference.fp8_format import BLOCK, E4M3, EPS_DEEPSEEK, cdiv, dequantize_weight_blocks
+
+EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
+
+
+def _scale_shape(n: int, k: int) -> tuple[int, int]:
+    return cdiv(n, BLOCK), cdiv(k, BLOCK)
+
+
+class FP8Linear(nn.Module):
+    """y = W x: fp8_quant_group(x) then fp8_block_matmul, output in x's dtype."""
+
+    def __init__(self, in_features: int, out_features: int, backend: Backend, bias: bool = False,
+                 ue8m0: bool = False, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.backend, self.ue8m0 = in_features, out_features, backend, ue8m0
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=E4M3, device=device))
+        self.register_buffer("weight_scale_inv", torch.zeros(*_scale_shape(out_features, in_features),
+                                                             device=device))
+        self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
+
+    def set_fp8(self, w_q: torch.Tensor, scale_inv: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight.copy_(w_q)
+        self.weight_scale_inv.copy_(scale_inv.float())
+        if bias is not None:
+            self.bias.copy_(bias.float())
+
+    def dequantized(self) -> torch.Tensor:
+        return dequantize_weight_blocks(self.weight.cpu(), self.weight_scale_inv.cpu())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        xq, xs = self.backend.fp8_quant_group(x.reshape(-1, shape[-1]), BLOCK, EPS_DEEPSEEK, self.ue8m0)
+        y = self.backend.fp8_block_matmul(xq, xs, self.weight, self.weight_scale_inv, self.bias, out_dtype=x.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, fp8 e4m3 128x128 blocks, ue8m0={self.ue8m0}"
+
+
+class FP8Experts(nn.Module):
+    """Routed experts with e4m3 weights: gate_proj / up_proj [E, I, D], down_proj [E, D, I], each with its
+    `<proj>_scale_inv` [E, ceil(rows/128), ceil(cols/128)]. forward as glm5.moe.Experts."""
+
+    def __init__(self, n_experts: int, hidden: int, inter: int, ue8m0: bool = False,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.n_experts, self.hidden, self.inter, self.ue8m0 = n_experts, hidden, inter, ue8m0
+        e, d, i = n_experts, hidden, inter
+        for p, (n, k) in (("gate_proj", (i, d)), ("up_proj", (i, d)), ("down_proj", (d, i))):
+            self.register_buffer(p, torch.zeros(e, n, k, dtype=E4M3, device=device))
+            self.register_buffer(f"{p}_scale_inv", torch.zeros(e, *_scale_shape(n, k), device=device))
+
+    def set_fp8(self, e: int, proj: str, w_q: torch.Tensor, scale_inv: torch.Tensor) -> None:
+        getattr(self, proj)[e].copy_(w_q)
+        getattr(self, f"{proj}_scale_inv")[e].copy_(scale_inv.float())
+
+    def fp8_weight(self, e: int, proj: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return getattr(self, proj)[e], getattr(self, f"{proj}_scale_inv")[e]
+
+    def _gemm(self, be: Backend, xq, xs, proj: str, offsets, dtype) -> torch.Tensor:
+        return be.fp8_grouped_matmul(xq, xs, getattr(self, proj), getattr(self, f"{proj}_scale_inv"), offsets,
+                                     out_dtype=dtype)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
+        d = moe.dispatch(ids, self.n_experts)
+        xq, xs = be.fp8_quant_group(x, BLOCK, EPS_DEEPSEEK, self.ue8m0)  # per-token groups: row order free
+        xq, xs = xq[d.token], xs[d.token]
+        h = nn.functional.silu(self._gemm(be, xq, xs, "gate_proj", d.offsets, x.dtype)) * self._gemm(
+            be, xq, xs, "up_proj", d.offsets, x.dtype)
+        hq, hs = be.fp8_quant_group(h, BLOCK, EPS_DEEPSEEK, self.ue8m0)
+        return moe.combine(self._gemm(be, hq, hs, "down_proj", d.offsets, x.dtype), w, d).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.n_experts}, hidden={self.hidden}, inter={self.inter}, fp8 e4m3 128x128 blocks"
