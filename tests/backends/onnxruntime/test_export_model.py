@@ -128,3 +128,23 @@ def test_searchsorted_exports_as_a_count_of_smaller_keys(right):
     want = torch.searchsorted(keys, bounds, right=right)
     assert torch.equal(torch.from_numpy(got64), want) and got64.dtype.name == "int64"
     assert torch.equal(torch.from_numpy(got32).long(), want) and got32.dtype.name == "int32"
+
+
+def test_quantized_model_exports_with_the_int8_functions():
+    """A W4A8-quantized model (W8A8 linears, W4A8 experts) traces on the reference backend like the float
+    one; its int8 ops become glm5.dynamic_quant_int8 / w8a8_matmul / grouped_matmul_w4a8 calls and the
+    logits in ONNX Runtime are the reference's."""
+    from glm5.onnx_export.export import export_prefill
+    from quant import quantize_model
+
+    model = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend="reference").eval()
+    model.init_weights(0)
+    quantize_model(model, "glm5-w4a8")
+    proto = export_prefill(model, B, S)
+    calls = Counter(n.op_type for n in proto.graph.node if n.domain == DOMAIN)
+    assert {"dynamic_quant_int8", "w8a8_matmul", "grouped_matmul_w4a8"} <= set(calls)
+    assert "grouped_matmul" not in calls  # no float expert left
+    ids = torch.randint(0, model.config.vocab_size, (B, S), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids).logits
+    torch.testing.assert_close(run_onnx(proto, ids), want)
