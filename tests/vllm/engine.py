@@ -3,7 +3,8 @@ this file in a fresh process per engine: vLLM keeps process-wide state).
 
     GLM5_BACKEND=reference python tests/vllm/engine.py '{"model": DIR, "prompts": [[1, 2], ...], ...}'
 
-Prints {"tokens": [[...] per prompt], "prompt_logprobs": [[...]] or null, "start_s", "generate_s",
+Prints {"tokens": [[...] per prompt], "prompt_logprobs": [[...]] or null, "start_s", "generate_s" (the
+median of `repeats` runs, `generate_runs_s` all of them; time them with "enable_prefix_caching": false),
 "stats": the model's step and backend-call counts}.
 """
 
@@ -34,6 +35,7 @@ def main(spec: dict) -> dict:
         kv_cache_memory_bytes=spec.get("kv_cache_memory_bytes", 1 << 24),
         dtype=spec.get("dtype", "float32"),
         seed=0,
+        enable_prefix_caching=spec.get("enable_prefix_caching", True),
     )
     start_s = time.perf_counter() - t0
     sp = SamplingParams(
@@ -43,9 +45,12 @@ def main(spec: dict) -> dict:
         detokenize=False,
         prompt_logprobs=0 if spec.get("prompt_logprobs") else None,
     )
-    t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], sp, use_tqdm=False)
-    generate_s = time.perf_counter() - t0
+    runs = []  # repeats > 1 (with enable_prefix_caching False): timings of identical runs, for medians
+    for _ in range(spec.get("repeats", 1)):
+        t0 = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], sp, use_tqdm=False)
+        runs.append(time.perf_counter() - t0)
+    generate_s = sorted(runs)[len(runs) // 2]
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     plp = None
     if spec.get("prompt_logprobs"):
@@ -53,6 +58,7 @@ def main(spec: dict) -> dict:
         plp = [[lp[p].logprob for lp, p in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:])] for o in outs]
     stats = llm.apply_model(lambda m: m.stats())[0]
     return {
+        "generate_runs_s": runs,
         "tokens": tokens,
         "prompt_logprobs": plp,
         "start_s": start_s,
