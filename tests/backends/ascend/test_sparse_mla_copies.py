@@ -1,4 +1,4 @@
-"""What the sparse-attention adapter copies out of the latent cache, measured (tests/backends/ascend/_copies.py).
+"""What the sparse-attention adapter copies out of the latent cache (measured by _copies.CacheCopies).
 
 Decode and MTP steps take the selected-rows route: T * topk rows reach the operator, whatever the
 context length; prefill-like calls (more selections than keys) pack whole requests. return_lse=False
@@ -127,3 +127,16 @@ def test_pa_bsnd_takes_a_two_pool_cache_and_rejects_the_strided_views(backend, r
     short = lay.block_table[:, :1].contiguous()
     with pytest.raises(OperatorRejected, match="actual_seq_lengths_kv"):
         _pa_call(mod, q, *pools, idx, lay, block_table=short)
+
+
+@pytest.mark.parametrize("return_lse", [True, False])
+def test_opcheck_on_the_operator_route(backend, return_lse):
+    """The custom op's registration (fake, schema, AOT dispatch) holds on the operator route too (the
+    runtime opcheck sample is fp32 / d_qk=40, which takes the kernel)."""
+    from backends import library
+
+    q, kv, idx, lay = _decode([2304, 2100], topk=256, q_lens=[2, 1])
+    args = dict(q=q, kv_cache=kv, indices=idx, layout=lay, sm_scale=0.0625, d_v=512, return_lse=return_lse)
+    op = "sparse_mla_attention"
+    torch.library.opcheck(library.CUSTOM_OPS[op], library.custom_op_args(op, args, backend.key))
+    assert any("selected rows" in route for _, route in backend.provider.routes)
