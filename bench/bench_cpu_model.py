@@ -136,7 +136,7 @@ def main() -> None:
                 results[v] = json.loads(p.stdout.strip().splitlines()[-1])
     ctx = cpu_context()
     base = results.get("transformers", {})
-    for v, r in results.items():
+    for r in results.values():
         rec = {"bench": "cpu_model_prefill", "tokens": a.tokens, "runs": a.runs, **r, **ctx}
         if "prefill_s" in r and "prefill_s" in base:
             rec["speedup_vs_transformers"] = round(base["prefill_s"] / r["prefill_s"], 3)

@@ -22,7 +22,10 @@ class CpuBackend(Backend):
     ops = load_ops("backends.cpu")
 
     def available(self) -> tuple[bool, str]:
-        return True, f"plain torch on {platform.machine()}, {torch.get_num_threads()} threads, int GEMM {INT_GEMM}"
+        return (
+            True,
+            f"plain torch on {platform.machine()}, {torch.get_num_threads()} threads, int GEMM {INT_GEMM}",
+        )
 
     def environment(self) -> dict[str, str]:
         return {

@@ -86,7 +86,9 @@ def topk_rows(
     finite = cut & torch.isfinite(v[:, k - 1])
     if bool(finite.any()):
         rows = torch.nonzero(finite)[:, 0]
-        vals[rows], cols[rows] = _cut_ties(x[rows], None if cand is None else cand[rows], v[rows], col[rows], k)
+        vals[rows], cols[rows] = _cut_ties(
+            x[rows], None if cand is None else cand[rows], v[rows], col[rows], k
+        )
     slow = nan_row | (cut & ~finite)
     if bool(slow.any()):
         rows = torch.nonzero(slow)[:, 0]

@@ -46,7 +46,9 @@ def indexer_logits(
             z = min(a + step, q1)
             sc = scores(qf[a:z], keys, wf[a:z], grad)
             causal = torch.arange(s)[None, :] < visible[a - q0 : z - q0, None]
-            out[a:z, :s] = sc.masked_fill(~causal, float("-inf")) if grad else sc.masked_fill_(~causal, float("-inf"))
+            out[a:z, :s] = (
+                sc.masked_fill(~causal, float("-inf")) if grad else sc.masked_fill_(~causal, float("-inf"))
+            )
     return out
 
 

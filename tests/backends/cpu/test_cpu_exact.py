@@ -44,8 +44,10 @@ def test_topk_paths_bitwise(cpu, ref, dtype, with_lengths):
     assert sum(REFERENCE_CALLS.values()) == before  # the reference never runs inside cpu ops
     want = ref.topk(x, 2048, lengths)
     assert torch.equal(got[1], want[1])
-    assert torch.equal(got[0].view(torch.int16 if dtype != torch.float32 else torch.int32),
-                       want[0].view(torch.int16 if dtype != torch.float32 else torch.int32))
+    assert torch.equal(
+        got[0].view(torch.int16 if dtype != torch.float32 else torch.int32),
+        want[0].view(torch.int16 if dtype != torch.float32 else torch.int32),
+    )
 
 
 def test_cut_tie_path_taken():
@@ -101,5 +103,7 @@ def test_indexer_topk_rows_with_fewer_keys_than_topk(cpu, ref):
     s = 2600
     q, w = torch.randn(s, 2, 16, generator=g), torch.randn(s, 2, generator=g)
     k = torch.randn(s // 8, 8, 16, generator=g)
-    lay = SeqLayout.from_lengths([s], [s], block_size=8, block_order=torch.randperm(s // 8, generator=g).tolist())
+    lay = SeqLayout.from_lengths(
+        [s], [s], block_size=8, block_order=torch.randperm(s // 8, generator=g).tolist()
+    )
     assert torch.equal(cpu.indexer_topk(q, k, w, lay, 512), ref.indexer_topk(q, k, w, lay, 512))
