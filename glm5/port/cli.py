@@ -62,12 +62,27 @@ def init_cmd(name: str, directory: str | None, force: bool) -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the report as JSON.")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Write it as Markdown.")
 @click.option(
+    "--from-json",
+    type=click.Path(dir_okay=False),
+    help="Build the report from this `glm5 conformance --json` file instead of running the suite.",
+)
+@click.option(
     "--conformance-json",
     type=click.Path(dir_okay=False),
     help="Also write the conformance JSON of the same run (glm5 conformance --json).",
 )
 def status_cmd(
-    name, suite, config, recipes, dtype, train, no_model, json_path, markdown_path, conformance_json
+    name,
+    suite,
+    config,
+    recipes,
+    dtype,
+    train,
+    no_model,
+    json_path,
+    markdown_path,
+    from_json,
+    conformance_json,
 ):
     """Porting report of backend NAME: per op and dtype passing/failing/unsupported with the reason,
     determinism claims, model-level checks, and the ops still missing to run GLM-5 (--config, --recipe)."""
@@ -82,9 +97,15 @@ def status_cmd(
     try:
         need = st.Need(config, tuple(recipes), dtype, train)
         rep = st.build(
-            name, suite, need, model_checks=not no_model, console=console, conformance_json=conformance_json
+            name,
+            suite,
+            need,
+            model_checks=not no_model,
+            console=console,
+            conformance_json=conformance_json,
+            from_json=from_json,
         )
-    except (BackendUnavailable, NeedsError) as exc:
+    except (BackendUnavailable, NeedsError, st.StatusError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     st.render(rep, console)

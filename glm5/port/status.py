@@ -10,7 +10,8 @@ A row is one op x dtype of the fixed matrix (backends.ops.OPS). Its state counts
     partial      some passed; the others were declined (limits, layouts), skipped or expected failures
     failing      a case failed (FAIL, ERROR or XPASS; validation cases included), or every numeric case
                  that ran is a manifest's expected failure
-    unsupported  no numeric case ran: every one was declined, with the reasons given
+    unsupported  no numeric case ran: every one was declined (or some skipped), with the reasons given
+    skipped      every numeric case was skipped by the backend's manifest (with its reason)
     not run      the suite selected no case of the row
 """
 
@@ -24,9 +25,9 @@ from typing import Any
 
 from backends.ops import OPS
 from conformance.report import BackendRun, cell, summary
-from conformance.result import FAILING, PASS, RAN, Result
+from conformance.result import FAILING, PASS, RAN, SKIPPED, Result
 
-STATES = ("passing", "partial", "failing", "unsupported", "not run")
+STATES = ("passing", "partial", "failing", "unsupported", "skipped", "not run")
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def row(op: str, dtype: str, results: Sequence[Result]) -> dict[str, Any]:
     elif failing:
         state = "failing"
     elif not ran:
-        state = "unsupported"
+        state = "skipped" if all(r.status == SKIPPED for r in numeric) else "unsupported"
     elif len(passed) == len(numeric):
         state = "passing"
     elif passed:
@@ -128,6 +129,47 @@ def remaining(backend, table: list[dict[str, Any]], needed, model: dict[str, Any
     return out
 
 
+class StatusError(ValueError):
+    """A bad --from-json file (one line naming it)."""
+
+
+def load_run(path: str, name: str) -> tuple[BackendRun, str]:
+    """One backend's run from a `glm5 conformance --json` file, and the suite it ran."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        results = [
+            Result(
+                r["op"],
+                r["backend"],
+                r["dtype"],
+                r["case"],
+                r["status"],
+                kernel_calls=r.get("kernel_calls", 0),
+                repro=r.get("repro", ""),
+                message=r.get("message", ""),
+                tags=r.get("tags", {}),
+            )
+            for r in data["results"]
+            if r["backend"] == name
+        ]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StatusError(f"--from-json: cannot read a conformance JSON from {path!r}: {exc}") from None
+    if not results:
+        raise StatusError(f"--from-json: {path!r} has no results of backend {name!r}")
+    man = data.get("manifest", {}).get(name, {})
+    run = BackendRun(
+        name,
+        data.get("environment", {}).get(name, {}),
+        results,
+        [c for c in data.get("claims", []) if c.get("backend") == name],
+        data.get("determinism", {}).get(name, {}),
+        man.get("unused", []),
+        man.get("path"),
+    )
+    return run, data.get("report", {}).get("suite", f"from {path}")
+
+
 def build(
     name: str,
     suite: str = "quick",
@@ -135,6 +177,7 @@ def build(
     model_checks: bool = True,
     console=None,
     conformance_json: str | None = None,
+    from_json: str | None = None,
 ) -> dict[str, Any]:
     import backends
     from conformance import report
@@ -144,7 +187,11 @@ def build(
 
     be = backends.get(name)  # BackendUnavailable (with the reason) before any work
     needed, ran = derive(need.config, need.recipes, need.dtype, need.train)
-    runs = run_backends([name], None, suite, None, None, console)
+    if from_json:
+        run, suite = load_run(from_json, name)
+        runs = [run]
+    else:
+        runs = run_backends([name], None, suite, None, None, console)
     if conformance_json:
         report.write_json(runs, conformance_json)
     run = runs[0]
@@ -182,14 +229,15 @@ def build(
 
 
 def headline(rep: dict[str, Any]) -> str:
-    s, n = rep["states"], rep["needs"]
+    s, n, m = rep["states"], rep["needs"], rep["model_checks"]
     recipe = f" + {', '.join(n['recipes'])}" if n["recipes"] else ""
     return (
         f"{rep['backend']}: {rep['rows_passing']} of {rep['rows_total']} op x dtype rows passing "
         f"({s['partial']} partial, {s['failing']} failing, {s['unsupported']} unsupported, "
-        f"{s['not run']} not run); GLM-5 {n['config']}{recipe} ({n['dtype']}) needs {n['total']} rows, "
-        f"{n['ready']} ready; model: greedy {rep['model_checks']['greedy_tokens']['status']}, "
-        f"shadow {rep['model_checks']['shadow']['status']}; {len(rep['remaining'])} items remaining"
+        f"{s['skipped']} skipped, {s['not run']} not run); "
+        f"GLM-5 {n['config']}{recipe} ({n['dtype']}) needs {n['total']} rows, {n['ready']} ready; "
+        f"model: greedy {m['greedy_tokens']['status']}, shadow {m['shadow']['status']}; "
+        f"{len(rep['remaining'])} items remaining"
     )
 
 
@@ -254,13 +302,8 @@ def render(rep: dict[str, Any], console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    colors = {
-        "passing": "green",
-        "partial": "yellow",
-        "failing": "red",
-        "unsupported": "dim",
-        "not run": "dim",
-    }
+    colors = {"passing": "green", "partial": "yellow", "failing": "red"}
+    colors |= {"unsupported": "dim", "skipped": "dim", "not run": "dim"}
     table = Table(title=f"Porting status of {rep['backend']} (suite {rep['suite']})")
     for col in ("op", "dtype", "state", "numeric", "validation"):
         table.add_column(col, no_wrap=True)

@@ -27,7 +27,8 @@ def _r(case: str, st: str, msg: str = "") -> Result:
         ([_r("smoke/a", PASS), _r("smoke/b", XFAIL, "known")], "partial"),
         ([_r("smoke/a", PASS), _r("errors/e", FAIL, "wrong message")], "failing"),
         ([_r("smoke/a", UNSUPPORTED, "not ported yet"), _r("errors/e", PASS)], "unsupported"),
-        ([_r("smoke/a", SKIPPED, "manifest")], "unsupported"),
+        ([_r("smoke/a", SKIPPED, "manifest")], "skipped"),
+        ([_r("smoke/a", SKIPPED, "manifest"), _r("smoke/b", UNSUPPORTED, "no")], "unsupported"),
         ([_r("smoke/a", XFAIL, "known")], "failing"),
         ([], "not run"),
     ],
@@ -136,3 +137,13 @@ def test_reference_report_matches_its_conformance_json(tmp_path):
     cells = {(r["op"], r["dtype"]): r["reference"] for r in conf["coverage"]}
     assert all(cells[(r["op"], r["dtype"])] == r["cell"] for r in rep["rows"])
     assert rep["model_checks"]["greedy_tokens"]["status"] == "skipped"
+    # the same report from the saved conformance JSON, without running the suite again
+    again = tmp_path / "again.json"
+    out = CliRunner().invoke(
+        port, ["status", "reference", "--from-json", str(conf_path), "--no-model", "--json", str(again)]
+    )
+    assert out.exit_code == 0, out.output
+    rep2 = json.loads(again.read_text())
+    assert rep2["rows"] == rep["rows"] and rep2["determinism"] == rep["determinism"]
+    bad = CliRunner().invoke(port, ["status", "onnxruntime", "--from-json", str(conf_path), "--no-model"])
+    assert bad.exit_code == 2 and "no results of backend 'onnxruntime'" in bad.output
