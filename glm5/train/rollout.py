@@ -8,6 +8,9 @@ kernel may pick another blocking, hence another summation order, for another row
 output row at a time, so a row's result no longer depends on how many rows share the call. The indexer
 top-k and MoE routing are deterministic by contract (SPEC 2.3), so with it the reference backend gives a
 ratio of exactly 1.
+
+`rollout_precision="fp8"` samples with an FP8 copy of the policy instead (quant/fp8.py) and reports the
+FP8-vs-bf16 mismatch IcePop's pop() exists to contain (glm5/train/icepop.py).
 """
 
 from __future__ import annotations
@@ -96,6 +99,9 @@ def batch_invariant() -> Iterator[None]:
         yield
 
 
+PRECISIONS = ("bf16", "fp8")
+
+
 @torch.no_grad()
 def rollout_check(
     model: GLM5ForCausalLM,
@@ -105,16 +111,28 @@ def rollout_check(
     temperature: float = 1.0,
     seed: int = 0,
     invariant: bool = True,
+    rollout_precision: str = "bf16",
 ) -> dict:
-    """prompts int64 [B, P] -> ratio statistics over the B * new_tokens sampled tokens (and the tokens)."""
+    """prompts int64 [B, P] -> ratio statistics over the B * new_tokens sampled tokens (and the tokens).
+
+    rollout_precision "fp8": sample with `quant.fp8.fp8_policy(model)` (FP8 linears and experts, the FP8
+    indexer, the FP8 latent cache: what an FP8 engine serves) and recompute with the bf16 `model`; the
+    result then also gives the indexer top-k set overlap between the two passes over the same tokens."""
     if new_tokens < 1 or temperature <= 0:
         raise ValueError(f"new_tokens/temperature: expected >= 1 and > 0, got {new_tokens}, {temperature}")
+    if rollout_precision not in PRECISIONS:
+        raise ValueError(f"rollout_precision: expected one of {PRECISIONS}, got {rollout_precision!r}")
+    policy = model
+    if rollout_precision == "fp8":
+        from quant.fp8 import fp8_policy
+
+        policy = fp8_policy(model)
     g = torch.Generator().manual_seed(seed)
     b, p = prompts.shape
     ctx = batch_invariant() if invariant else contextlib.nullcontext()
     with ctx:
-        cache = model.new_cache(b, p + new_tokens)
-        logits = model(prompts, cache).logits[:, -1]  # [B, V]
+        cache = policy.new_cache(b, p + new_tokens)
+        logits = policy(prompts, cache).logits[:, -1]  # [B, V]
         toks, logp_roll = [], []
         for i in range(new_tokens):
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -122,7 +140,7 @@ def rollout_check(
             toks.append(t[:, 0])
             logp_roll.append(logp.gather(1, t)[:, 0])
             if i + 1 < new_tokens:
-                logits = model(t, cache).logits[:, -1]
+                logits = policy(t, cache).logits[:, -1]
         sampled = torch.stack(toks, 1)  # [B, N]
         full = torch.cat([prompts, sampled], 1)
         train_logits = model(full[:, :-1]).logits[:, p - 1 :]  # [B, N, V] training forward
@@ -131,7 +149,8 @@ def rollout_check(
         ]
     logp_roll_t = torch.stack(logp_roll, 1)
     ratio = torch.exp(logp_train - logp_roll_t)
-    return {
+    out = {
+        "rollout_precision": rollout_precision,
         "tokens": int(ratio.numel()),
         "ratio_min": float(ratio.min()),
         "ratio_max": float(ratio.max()),
@@ -141,3 +160,30 @@ def rollout_check(
         "batch_invariant": invariant,
         "sampled": sampled.tolist(),
     }
+    if rollout_precision == "fp8":
+        out["topk_overlap"] = topk_overlap(model, policy, full)
+        out["fp8_calls"] = dict(policy.backend.fp8_calls)
+    return out
+
+
+@torch.no_grad()
+def topk_overlap(model: GLM5ForCausalLM, policy: GLM5ForCausalLM, ids: torch.Tensor) -> float:
+    """Mean over indexer layers and query tokens of |S_bf16 & S_fp8| / |S_bf16|: the indexer's selected key
+    sets of the bf16 model and of its FP8 policy, both run as one forward over `ids` [B, S]."""
+    from quant.fp8 import FP8AttentionBackend
+
+    inner = model.backend
+    model.backend = rec = FP8AttentionBackend(inner, fp8=False)
+    try:
+        model(ids)
+    finally:
+        model.backend = inner
+    policy.backend.selections.clear()
+    policy(ids)
+    shares = []
+    for a, b in zip(rec.selections, policy.backend.selections, strict=True):
+        for ra, rb in zip(a.tolist(), b.tolist(), strict=True):
+            sa = {i for i in ra if i >= 0}
+            if sa:
+                shares.append(len(sa & {i for i in rb if i >= 0}) / len(sa))
+    return sum(shares) / len(shares) if shares else 1.0
