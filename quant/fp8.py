@@ -18,7 +18,6 @@ Quantizing the cache at each call gives the same values as quantizing rows once 
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 from typing import Any
 
@@ -119,6 +118,24 @@ def to_fp8_modules(model: nn.Module, backend: Any, ue8m0: bool = False) -> nn.Mo
 
 def fp8_policy(model: nn.Module) -> nn.Module:
     """A copy of `model` with FP8 linears and experts and the FP8 attention backend (`.backend`)."""
-    m = copy.deepcopy(model, memo={id(model.backend): model.backend})  # share the backend, copy weights
-    m.backend = FP8AttentionBackend(model.backend)
+    # a fresh model with copied weights (a trained model may hold hooks and graph tensors deepcopy refuses)
+    with torch.device("meta"):
+        m = type(model)(model.config, backend=model.backend, dtype=model.dtype)
+    m.to_empty(device=model.backend.device)
+    m.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
+    if model.config.tie_word_embeddings:
+        m.lm_head.weight = m.model.embed_tokens.weight
+    m.backend = FP8AttentionBackend(fp8_backend(model.backend))
     return to_fp8_modules(m, m.backend).eval()
+
+
+def fp8_backend(be: Any) -> Any:
+    """`be` if it serves the FP8 ops, else the reference backend: named, not silent (the rollout check
+    reports `fp8_backend`), since a CPU or Ascend backend has no FP8 datapath to sample with."""
+    import backends
+
+    return be if all(be.capabilities(op) for op in FP8_OPS) else backends.get("reference")
+
+
+FP8_OPS = ("fp8_quant_group", "fp8_block_matmul", "fp8_grouped_matmul", "fp8_indexer_topk",
+           "fp8_mla_cache_quant", "fp8_sparse_mla_attention")

@@ -46,6 +46,10 @@ _POS = click.IntRange(min=1)
     help="torch intra-op threads (0: default).",
 )
 @click.option("--rollout-check/--no-rollout-check", default=True, show_default=True)
+@click.option(
+    "--rollout-precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
+    help="Sample the rollout check in bf16 or with the FP8 policy (FP8 linears, indexer and cache).",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(
     preset,
@@ -67,6 +71,7 @@ def train(
     seed,
     threads,
     rollout_check,
+    rollout_precision,
     quiet,
 ) -> None:
     """Train GLM-5 with Muon Split, MTP and the DSA stages; metrics.jsonl, loss.png, checkpoints in OUT."""
@@ -112,7 +117,8 @@ def train(
         from glm5.train.rollout import rollout_check as check
 
         prompts = trainer.heldout[0][:2, :32].to(trainer.device)
-        stats = check(trainer.model, prompts, 16, seed=seed, invariant=trainer.cfg.deterministic)
+        stats = check(trainer.model, prompts, 16, seed=seed, invariant=trainer.cfg.deterministic,
+                      rollout_precision=rollout_precision)
         stats.pop("sampled")
         summary["rollout"] = stats
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -163,6 +163,8 @@ def rollout_check(
     if rollout_precision == "fp8":
         out["topk_overlap"] = topk_overlap(model, policy, full)
         out["fp8_calls"] = dict(policy.backend.fp8_calls)
+        be = policy.backend.inner
+        out["fp8_backend"] = be.name + ("" if be is model.backend else f" ({model.backend.name} has no FP8 ops)")
     return out
 
 
