@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from backends.limits import Limit
+
 TIE_RULES = ("lower_index", "none")
 
 
@@ -21,8 +23,11 @@ class OpCaps:
 
     dtypes: values of the op's dtype axis it serves (e.g. "float32", "bfloat16"; "w8a8" for grouped_matmul).
     layouts: cache layouts served by attention-like ops ("ragged", "paged"); empty for other ops.
-    limits: documented limits, name -> value, shown in reports (e.g. {"heads": "power of two"}).
-    check: extra reasons from the concrete, already-validated arguments (limits enforced here).
+    limits: typed bounds on measurable quantities (`backends.limits.Limit`): enforced by the front door
+      with their reasons, and tested at and just past each bound by the conformance suite.
+    notes: free-text facts shown in reports that are not bounds (a route taken, a precision note). A
+      plain mapping given as `limits` (the old free-text form) is kept as notes.
+    check: extra reasons from the concrete, already-validated arguments (what no Limit expresses).
     run_to_run: bitwise-identical results for identical inputs, every run.
     batch_invariant: a row's result does not depend on the other rows of the batch (bitwise).
     tie_rule: "lower_index" (SPEC 2.3 holds bitwise) or "none" (weaker contract); None if the op has no ties.
@@ -31,19 +36,46 @@ class OpCaps:
 
     dtypes: tuple[str, ...]
     layouts: tuple[str, ...] = ()
-    limits: Mapping[str, Any] = field(default_factory=dict)
+    limits: tuple[Limit, ...] = ()
     check: Callable[[dict[str, Any]], list[str]] | None = None
     run_to_run: bool = True
     batch_invariant: bool = True
     tie_rule: str | None = None
     differentiable: bool = False
+    notes: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if isinstance(self.limits, Mapping):  # free text: notes, not bounds
+            object.__setattr__(self, "notes", {**self.limits, **self.notes})
+            object.__setattr__(self, "limits", ())
+        elif isinstance(self.limits, Limit):
+            object.__setattr__(self, "limits", (self.limits,))
+        else:
+            object.__setattr__(self, "limits", tuple(self.limits))
+        for lim in self.limits:
+            if not isinstance(lim, Limit):
+                raise ValueError(f"limits: expected backends.limits.Limit entries, got {type(lim).__name__}")
         if self.tie_rule is not None and self.tie_rule not in TIE_RULES:
             raise ValueError(f"tie_rule: expected one of {TIE_RULES} or None, got {self.tie_rule!r}")
         for lay in self.layouts:
             if lay not in ("ragged", "paged"):
                 raise ValueError(f"layouts: expected 'ragged' or 'paged', got {lay!r}")
+
+    def limit_reasons(self, op: str, args: dict[str, Any], dtype: str) -> list[str]:
+        """Why these arguments are past a (non-route) declared limit; [] if within every one."""
+        out = []
+        for lim in self.limits:
+            if lim.route is None:
+                why = lim.violation(op, args, dtype)
+                if why:
+                    out.append(why)
+        return out
+
+    def describe_limits(self) -> dict[str, str]:
+        """Limits and notes as text, for reports."""
+        return {lim.quantity: lim.describe() for lim in self.limits} | {
+            k: str(v) for k, v in self.notes.items()
+        }
 
 
 @dataclass(frozen=True)

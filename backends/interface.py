@@ -125,6 +125,8 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
             if isinstance(val, torch.Tensor) and val.device.type != self.device:
                 out.append(f"{name} is on {val.device.type}; this backend runs on {self.device}")
                 break
+        if not out:
+            out.extend(caps.limit_reasons(op, dict(args), dt))
         if not out and caps.check is not None:
             out.extend(caps.check(dict(args)))
         return out
@@ -174,7 +176,7 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
         if wants_grad and not impl.caps.differentiable:
             raise NotSupported(
                 [
-                    f"the backward of {op} is not implemented (inputs require grad; call it under torch.no_grad)"
+                    f"the backward of {op} is not implemented (inputs require grad; call it under no_grad)"
                 ],
                 backend=self.name,
                 op=op,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from backends.caps import OpImpl
+from backends.limits import check_quantities
 from backends.ops import OP_NAMES
 
 
@@ -54,5 +55,6 @@ def load_ops(package: str, *factory_args: Any, ops: Iterable[str] = OP_NAMES) ->
             got = type(impl).__name__
             raise TypeError(f"{name}.IMPL: expected a backends.caps.OpImpl or None, got {got}")
         check_signature(op, impl.fn, name)
+        check_quantities(op, impl.caps.limits)
         table[op] = impl
     return table

@@ -16,14 +16,16 @@ import torch
 
 from backends.layout import SeqLayout
 
-SUITES = ("smoke", "realistic", "adversarial", "errors")
+SUITES = ("smoke", "realistic", "adversarial", "errors", "limits")
 #: `--suite` values: which case suites each selects.
 SUITE_SETS: dict[str, tuple[str, ...]] = {
     "smoke": ("smoke",),
     "realistic": ("realistic",),
     "adversarial": ("adversarial",),
     "errors": ("errors",),
-    "quick": ("smoke", "adversarial", "errors"),
+    # limits/ cases come from each backend's declared bounds (conformance/cases/limits.py)
+    "limits": ("limits",),
+    "quick": ("smoke", "adversarial", "errors", "limits"),
     "full": SUITES,
 }
 

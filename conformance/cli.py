@@ -38,10 +38,10 @@ def run_backends(
     from conformance.result import FAILING
     from conformance.runner import Runner
 
-    selection = cases.select(ops, suite, case_glob, dtypes)
     runs = []
     for name in names:
         be = backends.get(name)
+        selection = cases.for_backend(be, ops, suite, case_glob, dtypes)
         columns = (
             TextColumn("{task.description}"),
             BarColumn(),

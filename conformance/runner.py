@@ -137,7 +137,9 @@ class Runner:
         layout = args.get("layout")
         if isinstance(layout, backends.SeqLayout) and layout.kind not in caps.layouts:
             return False, f"{layout.kind} layout not claimed"
-        limits = caps.check(dict(args)) if caps.check is not None else []
+        limits = caps.limit_reasons(op, dict(args), dtype)
+        if not limits and caps.check is not None:
+            limits = caps.check(dict(args))
         if limits:  # outside a declared limit: declining is what the declaration promises
             return False, "outside declared limits (" + "; ".join(limits) + ")"
         return True, ""
@@ -180,7 +182,7 @@ class Runner:
             res.status = FAIL
             res.message = f"{why}: must raise NotSupported, raised {describe(exc)}"
         impl = self.backend.ops.get(case.op)
-        if impl is None:
+        if impl is None or case.suite == "limits":  # a bound is a worst case: random data may pass past it
             return
         try:  # the raw implementation, past the capability check: does the claim undersell it?
             out = impl.fn(**args_to(clone_args(args), self.backend.device))

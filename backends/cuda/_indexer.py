@@ -7,20 +7,19 @@ from typing import Any
 import torch
 
 from backends.layout import SeqLayout
+from backends.limits import Limit
 
 MAX_HEADS = 128
 MAX_HEAD_DIM = 256
-LIMITS = {"index_heads (H_I)": f"<= {MAX_HEADS}", "index_head_dim (D_I)": f"<= {MAX_HEAD_DIM}"}
+LIMITS = (
+    Limit("index_heads", max=MAX_HEADS, reason="(query, head) rows of a tile are one register tile"),
+    Limit("index_head_dim", max=MAX_HEAD_DIM, reason="a head row is one register tile"),
+)
 
 
 def check(args: dict[str, Any], *, differentiable_output: bool = True) -> list[str]:
-    """Reasons from the limits; for an op with a differentiable output (logits) also inputs requiring grad."""
+    """For an op with a differentiable output (logits): inputs requiring grad (the kernels have no backward)."""
     out = []
-    _, h_i, d_i = args["q"].shape
-    if h_i > MAX_HEADS:
-        out.append(f"H_I={h_i} > {MAX_HEADS}: (query, head) rows of a tile are one register tile")
-    if d_i > MAX_HEAD_DIM:
-        out.append(f"D_I={d_i} > {MAX_HEAD_DIM}: a head row is one register tile")
     grads = [n for n in ("q", "k_cache", "weights") if args[n].requires_grad]
     if differentiable_output and grads and torch.is_grad_enabled():
         out.append(f"{', '.join(grads)} require grad: the cuda indexer kernels have no backward")

@@ -26,5 +26,11 @@ def fp8_indexer_logits(
 
 IMPL = OpImpl(
     fp8_indexer_logits,
-    OpCaps(FP8, ("ragged", "paged"), limits=_indexer.LIMITS | {"GPU": "sm_89+"}, check=chain(fp8_reasons, _limits)),
+    OpCaps(
+        FP8,
+        ("ragged", "paged"),
+        limits=_indexer.LIMITS,
+        notes={"GPU": "sm_89+"},
+        check=chain(fp8_reasons, _limits),
+    ),
 )

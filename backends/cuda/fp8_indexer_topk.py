@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.limits import Limit
 from backends.cuda import _indexer
 from backends.cuda.fp8_common import chain, fp8_reasons
 from backends.layout import SeqLayout
@@ -17,10 +18,7 @@ from kernels_cuda.topk import MAX_K
 
 
 def _limits(args) -> list[str]:
-    out = _indexer.check(args, differentiable_output=False)
-    if args["topk"] > MAX_K:
-        out.append(f"topk={args['topk']} > {MAX_K}: the final sort keeps topk pairs in one program")
-    return out
+    return _indexer.check(args, differentiable_output=False)
 
 
 def fp8_indexer_topk(
@@ -33,8 +31,20 @@ def fp8_indexer_topk(
 ) -> torch.Tensor:
     """Semantics: backends/reference/fp8_indexer_topk.py (SPEC 7.5)"""
     h = layout.host()
-    return _kernel(q, k_cache, k_scale, weights, topk, layout.cu_seqlens_q, layout.seqlens_k,
-                   layout.cu_seqlens_k, layout.block_table, h["cu_q"], h["seqlens_k"], layout.seqlen_k_max())
+    return _kernel(
+        q,
+        k_cache,
+        k_scale,
+        weights,
+        topk,
+        layout.cu_seqlens_q,
+        layout.seqlens_k,
+        layout.cu_seqlens_k,
+        layout.block_table,
+        h["cu_q"],
+        h["seqlens_k"],
+        layout.seqlen_k_max(),
+    )
 
 
 IMPL = OpImpl(
@@ -42,7 +52,9 @@ IMPL = OpImpl(
     OpCaps(
         FP8,
         ("ragged", "paged"),
-        limits=_indexer.LIMITS | {"topk": f"<= {MAX_K}", "GPU": "sm_89+"},
+        limits=_indexer.LIMITS
+        + (Limit("topk", max=MAX_K, reason="the final sort keeps topk pairs in one program"),),
+        notes={"GPU": "sm_89+"},
         check=chain(fp8_reasons, _limits),
         tie_rule="lower_index",
     ),

@@ -6,28 +6,29 @@ overflow int32, as w8a8_matmul / w4a8_matmul do.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.cuda.w4a8_matmul import MAX_GROUP
 from backends.cuda.w8a8_matmul import MAX_K
+from backends.limits import Limit
 from backends.ops import FLOATS
 
-
-def _reasons(args: dict[str, Any]) -> list[str]:
-    x, w, gs = args["x"], args["w"], args.get("group_size")
-    if x.dtype == torch.int8 and w.dtype == torch.int8 and x.shape[1] > MAX_K:
-        return [f"K={x.shape[1]} > {MAX_K}: an int32 accumulator of int8 products may overflow"]
-    if x.dtype == torch.int8 and w.dtype == torch.uint8 and gs > MAX_GROUP:
-        return [f"group_size={gs} > {MAX_GROUP}: an int32 group accumulator may overflow"]
-    return []
+LIMITS = (
+    Limit("K", max=MAX_K, reason="an int32 accumulator of int8 products may overflow", when=("w8a8",)),
+    Limit("group_size", max=MAX_GROUP, reason="an int32 group accumulator may overflow", when=("w4a8",)),
+)
 
 
-def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,
-                   x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
-                   group_size: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def grouped_matmul(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    group_offsets: torch.Tensor,
+    x_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+    group_size: int | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """Expert-sorted rows times their expert's weight (variants as `Backend.grouped_matmul`): x [M, K],
     w [E, N, K] (uint8 [E, N, K // 2] for W4A8), group_offsets [E+1] -> [M, N].
 
@@ -35,12 +36,12 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor
     """
     from kernels_cuda.grouped_matmul import grouped_matmul as kernel
 
-    return kernel(x, w, group_offsets, None if x_scale is None else x_scale.contiguous(), w_scale,
-                  group_size, out_dtype)
+    return kernel(
+        x, w, group_offsets, None if x_scale is None else x_scale.contiguous(), w_scale, group_size, out_dtype
+    )
 
 
-IMPL = OpImpl(grouped_matmul, OpCaps(
-    FLOATS + ("w8a8", "w4a8"),
-    limits={"K (w8a8)": f"<= {MAX_K}", "group_size (w4a8)": f"<= {MAX_GROUP}",
-            "launches": "one for all experts"},
-    check=_reasons))
+IMPL = OpImpl(
+    grouped_matmul,
+    OpCaps(FLOATS + ("w8a8", "w4a8"), limits=LIMITS, notes={"launches": "one for all experts"}),
+)

@@ -10,18 +10,14 @@ import torch
 from backends.caps import OpCaps, OpImpl
 from backends.cuda import _indexer
 from backends.layout import SeqLayout
+from backends.limits import Limit
 from backends.ops import FLOATS
 from kernels_cuda.indexer_topk import MAX_TOPK
 from kernels_cuda.indexer_topk import indexer_topk as _kernel
 
 
 def _check(args: dict[str, Any]) -> list[str]:
-    out = _indexer.check(args, differentiable_output=False)  # indices: no gradient in any backend
-    if args["topk"] > MAX_TOPK:
-        out.append(
-            f"topk={args['topk']} > {MAX_TOPK}: the final sort keeps topk pairs per query in one program"
-        )
-    return out
+    return _indexer.check(args, differentiable_output=False)  # indices: no gradient in any backend
 
 
 def indexer_topk(
@@ -39,7 +35,8 @@ IMPL = OpImpl(
     OpCaps(
         FLOATS,
         ("ragged", "paged"),
-        limits={**_indexer.LIMITS, "topk": f"<= {MAX_TOPK}"},
+        limits=_indexer.LIMITS
+        + (Limit("topk", max=MAX_TOPK, reason="the final sort keeps topk pairs per query in one program"),),
         check=_check,
         run_to_run=True,
         batch_invariant=True,

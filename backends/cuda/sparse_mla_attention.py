@@ -14,28 +14,17 @@ import torch
 from backends.autograd import SparseMLAFunction
 from backends.caps import OpCaps, OpImpl
 from backends.layout import SeqLayout
+from backends.limits import Limit
 from backends.ops import FLOATS
 from kernels_cuda.sparse_mla_attention import sparse_mla_bwd, sparse_mla_fwd
 
 MAX_D_V = 512
 MAX_D_REST = 256
-LIMITS = {
-    "d_v": f"<= {MAX_D_V}",
-    "d_qk - d_v": f"<= {MAX_D_REST}",
-    "backward_run_to_run": "no: dkv is summed with fp32 atomic adds (forward and dq are deterministic)",
-}
-
-
-def _check(args: dict[str, Any]) -> list[str]:
-    out = []
-    d_qk, d_v = args["q"].shape[2], args["d_v"]
-    if d_v > MAX_D_V:
-        out.append(f"d_v={d_v} > {MAX_D_V}: the [heads, d_v] fp32 accumulator is one register tile")
-    if d_qk - d_v > MAX_D_REST:
-        out.append(
-            f"d_qk - d_v = {d_qk - d_v} > {MAX_D_REST}: the non-value part of a row is one register tile"
-        )
-    return out
+LIMITS = (
+    Limit("d_v", max=MAX_D_V, reason="the [heads, d_v] fp32 accumulator is one register tile"),
+    Limit("d_qk_minus_d_v", max=MAX_D_REST, reason="the non-value part of a row is one register tile"),
+)
+NOTES = {"backward_run_to_run": "no: dkv is summed with fp32 atomic adds (forward and dq are deterministic)"}
 
 
 def _layout(layout: SeqLayout) -> dict[str, Any]:
@@ -83,7 +72,7 @@ IMPL = OpImpl(
         FLOATS,
         ("ragged", "paged"),
         limits=LIMITS,
-        check=_check,
+        notes=NOTES,
         run_to_run=True,
         batch_invariant=True,
         differentiable=True,

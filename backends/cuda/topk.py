@@ -6,23 +6,18 @@ Claims the lower-index tie rule bitwise: the selected set and order are a functi
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.limits import Limit
 from backends.ops import FLOATS
 from kernels_cuda.topk import MAX_K
 from kernels_cuda.topk import topk as _kernel
 
-
-def _check(args: dict[str, Any]) -> list[str]:
-    out = []
-    if args["k"] > MAX_K:
-        out.append(f"k={args['k']} > {MAX_K}: the final sort keeps k (value, index) pairs in one program")
-    if args["x"].shape[1] >= 2**31 - 1:
-        out.append("more than 2^31 - 2 columns: column indices are int32")
-    return out
+LIMITS = (
+    Limit("k", max=MAX_K, reason="the final sort keeps k (value, index) pairs in one program"),
+    Limit("columns", max=2**31 - 2, reason="column indices are int32"),
+)
 
 
 def topk(x: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,8 +31,7 @@ IMPL = OpImpl(
     topk,
     OpCaps(
         FLOATS,
-        limits={"k": f"<= {MAX_K}", "columns": "< 2^31 - 1"},
-        check=_check,
+        limits=LIMITS,
         run_to_run=True,
         batch_invariant=True,
         tie_rule="lower_index",

@@ -5,24 +5,27 @@ Declines K past the int32 accumulator's guaranteed range (|x_q * w_q| <= 128 * 1
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.limits import Limit
 from backends.ops import FLOATS
 
 #: the largest K whose int32 sum of int8 products cannot overflow: 128 * 128 * K < 2**31
 MAX_K = (2**31 - 1) // (128 * 128)
 
 
-def _reasons(args: dict[str, Any]) -> list[str]:
-    k = args["x_q"].shape[1]
-    return [f"K={k} > {MAX_K}: an int32 accumulator of int8 products may overflow"] if k > MAX_K else []
+K_LIMIT = Limit("K", max=MAX_K, reason="an int32 accumulator of int8 products may overflow")
 
 
-def w8a8_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def w8a8_matmul(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
     """x_q: int8 [M, K], x_scale: float32 [M], w_q: int8 [N, K], w_scale: float32 [N], bias: [N] or None
     -> [M, N] out_dtype.
 
@@ -30,8 +33,14 @@ def w8a8_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_s
     """
     from kernels_cuda.w8a8_matmul import w8a8_matmul as kernel
 
-    return kernel(x_q, x_scale.contiguous(), w_q, w_scale.contiguous(),
-                  None if bias is None else bias.contiguous(), out_dtype)
+    return kernel(
+        x_q,
+        x_scale.contiguous(),
+        w_q,
+        w_scale.contiguous(),
+        None if bias is None else bias.contiguous(),
+        out_dtype,
+    )
 
 
-IMPL = OpImpl(w8a8_matmul, OpCaps(FLOATS, limits={"K": f"<= {MAX_K} (int32 accumulator)"}, check=_reasons))
+IMPL = OpImpl(w8a8_matmul, OpCaps(FLOATS, limits=(K_LIMIT,)))

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.limits import Limit
 from backends.onnxruntime._session import inference_only, onnx_dtype, run
-from backends.onnxruntime.w8a8_matmul import MAX_K, int32_k_limit
+from backends.onnxruntime.w8a8_matmul import K_REASON, MAX_K
 from backends.ops import FLOATS
 
 
@@ -49,19 +50,19 @@ def grouped_matmul(
 
 
 def _check(a: dict) -> list[str]:
-    if a["x"].dtype.is_floating_point:
-        return inference_only("x", "w")(a)
-    k = a["x"].shape[1]
-    if a["w"].dtype == torch.int8:
-        return int32_k_limit(k)
-    return ["K=0: no int4 groups"] if k == 0 else int32_k_limit(a["group_size"])
+    return inference_only("x", "w")(a) if a["x"].dtype.is_floating_point else []
+
+
+LIMITS = (
+    Limit("K", max=MAX_K, reason=K_REASON, when=("w8a8",)),
+    Limit("group_size", max=MAX_K, reason=K_REASON, when=("w4a8",)),
+    Limit("K", min=1, reason="no int4 groups", when=("w4a8",)),
+)
 
 
 # Not batch-invariant: for float inputs ORT's MatMul (MLAS) picks kernels by the row count, so an
 # expert's rows run alone may round differently (measured on the conformance subsets).
 IMPL = OpImpl(
     grouped_matmul,
-    OpCaps(
-        FLOATS + ("w8a8", "w4a8"), limits={"K (w8a8)": f"<= {MAX_K}"}, check=_check, batch_invariant=False
-    ),
+    OpCaps(FLOATS + ("w8a8", "w4a8"), limits=LIMITS, check=_check, batch_invariant=False),
 )

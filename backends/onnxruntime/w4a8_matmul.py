@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.limits import Limit
 from backends.onnxruntime._session import onnx_dtype, run
-from backends.onnxruntime.w8a8_matmul import MAX_K, int32_k_limit
+from backends.onnxruntime.w8a8_matmul import K_REASON, MAX_K
 from backends.ops import FLOATS
 
 
@@ -36,13 +37,8 @@ def w4a8_matmul(
     return out
 
 
-def _check(a: dict) -> list[str]:
-    k = a["x_q"].shape[1]
-    return (
-        ["K=0: no groups to accumulate (the function slices K into K // group_size groups)"]
-        if k == 0
-        else int32_k_limit(a["group_size"])
-    )
-
-
-IMPL = OpImpl(w4a8_matmul, OpCaps(FLOATS, limits={"group_size": f"<= {MAX_K}", "K": ">= 1"}, check=_check))
+LIMITS = (
+    Limit("group_size", max=MAX_K, reason=K_REASON),
+    Limit("K", min=1, reason="no groups to accumulate (the function slices K into K // group_size groups)"),
+)
+IMPL = OpImpl(w4a8_matmul, OpCaps(FLOATS, limits=LIMITS))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.limits import Limit
 from backends.onnxruntime._session import onnx_dtype, run
 from backends.ops import FLOATS
 
@@ -15,10 +16,7 @@ from backends.ops import FLOATS
 MAX_K = (2**31 - 1) // (128 * 128)
 
 
-def int32_k_limit(k: int) -> list[str]:
-    if k > MAX_K:
-        return [f"K={k} > {MAX_K}: MatMulInteger's int32 accumulator could overflow"]
-    return []
+K_REASON = "MatMulInteger's int32 accumulator could overflow"
 
 
 def empty_k_epilogue(
@@ -54,6 +52,4 @@ def w8a8_matmul(
     return out
 
 
-IMPL = OpImpl(
-    w8a8_matmul, OpCaps(FLOATS, limits={"K": f"<= {MAX_K}"}, check=lambda a: int32_k_limit(a["x_q"].shape[1]))
-)
+IMPL = OpImpl(w8a8_matmul, OpCaps(FLOATS, limits=(Limit("K", max=MAX_K, reason=K_REASON),)))

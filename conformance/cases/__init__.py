@@ -70,3 +70,30 @@ def select(
                 if want is None or dt in want:
                     out.append((c, dt))
     return out
+
+
+def for_backend(
+    backend,
+    ops: Iterable[str] | None = None,
+    suite: str = "full",
+    case_glob: str | None = None,
+    dtypes: Iterable[str] | None = None,
+) -> list[tuple[Case, str]]:
+    """`select(...)` plus the `limits/` cases of this backend's declared bounds."""
+    out = select(ops, suite, case_glob, dtypes)
+    if "limits" not in SUITE_SETS[suite]:
+        return out
+    from conformance.cases.limits import limit_cases
+
+    want = None if dtypes is None else set(dtypes)
+    for op in list(ops or OP_NAMES):
+        caps = backend.capabilities(op)
+        if caps is None or not caps.limits:
+            continue
+        for c, dt in limit_cases(op, caps.limits, caps.dtypes):
+            if (case_glob and not fnmatch.fnmatchcase(c.id, case_glob)) or (
+                want is not None and dt not in want
+            ):
+                continue
+            out.append((c, dt))
+    return out

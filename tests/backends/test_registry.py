@@ -21,7 +21,7 @@ from backends.counters import REFERENCE_CALLS
 from backends.ops import OPS
 from backends.reference.w4a8_matmul import pack_int4
 
-BUILTINS = ["reference", "cuda", "ascend", "onnxruntime"]
+BUILTINS = ["reference", "cpu", "cuda", "ascend", "onnxruntime"]
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +33,7 @@ def fresh_registry():
 
 def test_available_lists_every_builtin_with_ok_and_reason():
     rows = backends.available()
-    assert [r[0] for r in rows][:4] == BUILTINS
+    assert [r[0] for r in rows][: len(BUILTINS)] == BUILTINS
     for name, ok, reason in rows:
         assert isinstance(ok, bool) and isinstance(reason, str) and reason, name
     assert rows[0][1] is True
@@ -61,7 +61,7 @@ def test_get_by_name_env_and_default(monkeypatch):
     monkeypatch.setenv("GLM5_BACKEND", "reference")
     assert backends.get() is ref
     monkeypatch.setenv("GLM5_BACKEND", "no-such-backend")
-    with pytest.raises(BackendUnavailable, match="unknown backend 'no-such-backend'; known: reference, cuda"):
+    with pytest.raises(BackendUnavailable, match="unknown backend 'no-such-backend'; known: reference, cpu, cuda"):
         backends.get()
 
 
@@ -156,7 +156,7 @@ def test_plugin_through_entry_point(plugin_site, monkeypatch):
     monkeypatch.syspath_prepend(str(plugin_site))
     backends.refresh()
     rows = {name: (ok, reason) for name, ok, reason in backends.available()}
-    assert list(rows)[:4] == BUILTINS
+    assert list(rows)[: len(BUILTINS)] == BUILTINS
     ok, reason = rows["testplug"]
     assert ok and "widget found" in reason and "plugin glm5-test-plugin" in reason
     be = backends.get("testplug")

@@ -22,7 +22,8 @@ def by_case(results):
 def test_every_op_has_every_suite_and_unique_ids():
     for op in OPS:
         cs = cases.cases(op)
-        assert {c.suite for c in cs} == set(SUITES), op
+        # limits/ cases are generated per backend from its declared bounds (test_limit_cases_*)
+        assert {c.suite for c in cs} == set(SUITES) - {"limits"}, op
         for c in cs:
             assert c.op == op
             assert cases.dtypes_of(c), f"{op}/{c.id} has no dtype of the axis"
@@ -113,3 +114,31 @@ def test_gradients_are_compared(op):
     res = runner.run_case(case, "float32")
     assert res.status == PASS
     assert {f"grad:{n}" for n in case.grad_args} <= set(res.metrics)
+
+
+def test_limit_cases_at_the_bound_pass_and_past_it_are_declined():
+    """A backend declaring `k <= 40` for topk gets a case at k=40 (claimed, compared with the reference)
+    and one at k=41 (must raise NotSupported); one that lies about its bound fails."""
+    import backends
+    from backends.caps import OpCaps, OpImpl
+    from backends.limits import Limit
+    from backends.ops import FLOATS
+    from backends.reference.topk import topk as ref_topk
+
+    class Bounded(backends.Backend):
+        name = "bounded"
+        ops = {"topk": OpImpl(ref_topk.__wrapped__, OpCaps(FLOATS, limits=(Limit("k", max=40, reason="test"),),
+                                                           tie_rule="lower_index"))}
+
+    sel = cases.for_backend(Bounded(), ["topk"], "limits", dtypes=["float32"])
+    assert sorted(c.id for c, _ in sel) == ["limits/k_at_40", "limits/k_past_41"]
+    res = {r.case: r.status for r in Runner(Bounded()).run(sel)}
+    assert res == {"limits/k_at_40": "PASS", "limits/k_past_41": "UNSUPPORTED"}
+
+    class Overclaims(Bounded):  # declares k <= 40 but cannot do 40
+        name = "overclaims"
+        ops = {"topk": OpImpl(lambda x, k, lengths=None: ref_topk.__wrapped__(x, min(k, 39), lengths),
+                              Bounded.ops["topk"].caps)}
+
+    res = {r.case: r.status for r in Runner(Overclaims()).run(sel)}
+    assert res["limits/k_at_40"] == "FAIL"
