@@ -34,11 +34,12 @@ def _check_out(out: Path, src: Path, overwrite: bool) -> None:
 
 
 @click.command()
-@model_option(help="Float checkpoint directory to quantize.", required=True, aliases=("src",),
-              quantized=False)
+@model_option(help="Float or FP8 (GLM-5-FP8 style, de-quantized block by block) checkpoint directory.",
+              required=True, aliases=("src",))
 @click.option("--recipe", "recipe_name", default="glm5-w4a8", show_default=True,
               help=f"recipe name ({', '.join(recipes.available())}) or a YAML path")
-@click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), required=True)
+@click.option("--format", "fmt", type=click.Choice(sorted(FORMATS) + ["fp8"]), required=True,
+              help="fp8: block FP8 as GLM-5-FP8 (the recipe and calibration do not apply)")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory to write (never the source; an existing one only with --overwrite).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing checkpoint at --out (atomically).")
@@ -64,6 +65,13 @@ def quantize(model_path: Path, recipe_name: str, fmt: str, out: Path, overwrite:
                                  param_hint="'--format'")
     _check_out(out, src, overwrite)
     be = backend_choice(backend)
+    from quant.load import detect_format
+
+    with one_line_errors("'--model'"):
+        src_fmt = detect_format(src)
+    if src_fmt not in (None, "fp8"):
+        raise click.BadParameter(f"{src} is already quantized ({src_fmt}); expected a float or FP8 checkpoint",
+                                 param_hint="'--model'")
 
     import torch
 
@@ -77,7 +85,18 @@ def quantize(model_path: Path, recipe_name: str, fmt: str, out: Path, overwrite:
     with Phases("quantize", enabled=not quiet) as progress:
         progress.phase(f"loading {src}")
         with one_line_errors("'--model'"):
-            model = GLM5ForCausalLM.from_pretrained(src, backend=be).eval()
+            if src_fmt == "fp8":
+                from quant.formats.fp8 import load_fp8
+
+                model = load_fp8(src, backend=be, fp8_modules=False)  # de-quantized as it is read
+            else:
+                model = GLM5ForCausalLM.from_pretrained(src, backend=be).eval()
+        if fmt == "fp8":
+            progress.phase(f"writing fp8 to {out}")
+            with one_line_errors("'--out'"):
+                export(model, out, "fp8")
+            click.echo(f"fp8 (e4m3, 128x128 blocks) at {out}, {time.time() - t0:.1f}s")
+            return
         calib = token_batch("train", calib_seqs, calib_len, seed=0) if calib_seqs else None
         n = model.config.num_hidden_layers
         hooks = []

@@ -90,3 +90,21 @@ def test_rejects_other_fp8_layouts(tmp_path):
     with pytest.raises(ValueError, match="weight_block_size: expected \\[128, 128\\]"):
         fp8.check_config({"quant_method": "fp8", "weight_block_size": None})
     assert fp8.check_config({"quant_method": "fp8", "weight_block_size": [128, 128], "scale_fmt": "ue8m0"})
+
+
+def test_glm5_quantize_from_an_fp8_source(fp8_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from glm5.cli import main
+
+    out = tmp_path / "w8a8"
+    args = ["quantize", "--model", str(fp8_dir), "--recipe", "glm5-w8a8", "--format", "modelslim",
+            "--out", str(out), "--calib-seqs", "0", "--quiet"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    x = ids(1, 24)
+    src = fp8.load_fp8(fp8_dir, backend="reference", dtype=torch.float32, fp8_modules=False)
+    assert _cos(_logits(load_quantized(out, backend="reference", dtype=torch.float32), x), _logits(src, x)) >= 0.99
+    again = CliRunner().invoke(main, ["quantize", "--model", str(out), "--format", "fp8", "--out",
+                                      str(tmp_path / "x"), "--quiet"])
+    assert again.exit_code == 2 and "already quantized (modelslim)" in again.output
