@@ -16,7 +16,8 @@ from backends.errors import NotSupported
 
 REASON = (
     "no FP8 datapath on Atlas A2/A3 (the cube units take fp16/bf16/int8/int4, not e4m3); convert the "
-    "FP8 checkpoint to W8A8/W4A8 with `glm5 quantize --from-fp8` and use the int8 ops"
+    "FP8 checkpoint with `glm5 quantize --model FP8_DIR --recipe glm5-w8a8 --format modelslim` and use "
+    "the int8 ops"
 )
 
 
