@@ -106,7 +106,7 @@ class GLM5ForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
-        self.backend = backend if isinstance(backend, Backend) else backends.get(backend)
+        self._backend = backend if isinstance(backend, Backend) else backends.get(backend)
         self.model = GLM5Model(config, dtype)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
         if config.tie_word_embeddings:
@@ -114,6 +114,25 @@ class GLM5ForCausalLM(nn.Module):
         if self.lm_head.weight.device.type != "meta":  # on meta: shapes only (counts, or a load to follow)
             self.init_weights()
             self.to(self.backend.device)
+
+    # -- the backend ---------------------------------------------------------------------------------
+    @property
+    def backend(self) -> Backend:
+        """The one backend every layer computes with (attention through `Step`, quantized layers through
+        their own reference, set here)."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: Backend | str) -> None:
+        self._backend = backend if isinstance(backend, Backend) else backends.get(backend)
+        self.prepare_weights()
+
+    def prepare_weights(self) -> None:
+        """Give every layer that holds backend-laid-out weights (quantized linears and experts) the model's
+        backend and let it lay its weights out once (`Backend.prepare`). Call after loading weights."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "use_backend"):
+                module.use_backend(self._backend)
 
     # -- construction -------------------------------------------------------------------------------
     @torch.no_grad()

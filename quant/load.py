@@ -81,5 +81,6 @@ def load_quantized(path: str | Path, backend: Backend | str | None = None, dtype
     empty_like_plan(model, plan, device="meta")
     model.to_empty(device=model.backend.device)
     fill_model(model, reader, mod.decode)
+    model.prepare_weights()  # the backend lays the loaded weights out once
     model.quant_plan = plan
     return model.eval()

@@ -32,8 +32,15 @@ class QuantLinear(nn.Module):
     Semantics: backends/reference/w8a8_matmul.py (SPEC 2.6), backends/reference/w4a8_matmul.py (SPEC 2.7)
     """
 
-    def __init__(self, in_features: int, out_features: int, scheme: Scheme, backend: Backend,
-                 bias: bool = False, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        scheme: Scheme,
+        backend: Backend,
+        bias: bool = False,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         if scheme.name not in (W8A8, W4A8):
             raise ValueError(f"scheme: expected W8A8_DYNAMIC or W4A8_DYNAMIC, got {scheme.name!r}")
@@ -50,10 +57,17 @@ class QuantLinear(nn.Module):
             self.register_buffer("weight", torch.zeros(n, k, dtype=torch.int8, device=device))
             self.register_buffer("weight_scale", torch.zeros(n, device=device))
         self.register_buffer("bias", torch.zeros(n, device=device) if bias else None)
+        self.use_backend(backend)
 
     @classmethod
-    def from_int(cls, q: torch.Tensor, scale: torch.Tensor, scheme: Scheme, backend: Backend,
-                 bias: torch.Tensor | None = None) -> QuantLinear:
+    def from_int(
+        cls,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        scheme: Scheme,
+        backend: Backend,
+        bias: torch.Tensor | None = None,
+    ) -> QuantLinear:
         """q int8 [N, K] (int4 values for W4A8), scale fp32 [N, G] -> module."""
         n, k = q.shape
         m = cls(k, n, scheme, backend, bias is not None, q.device)
@@ -70,19 +84,32 @@ class QuantLinear(nn.Module):
         """(q int8 [N, K], scale fp32 [N, G]) whatever the scheme."""
         return _unpack(self.weight, self.scheme), self.weight_scale.reshape(self.out_features, -1)
 
+    def use_backend(self, backend: Backend) -> None:
+        """Compute with `backend`, its weights laid out by it once (`Backend.prepare`); the model calls this
+        when its backend is set and after loading."""
+        self.backend = backend
+        if self.scheme.name == W4A8:
+            self._prepared = backend.prepare("w4a8_matmul", w_packed=self.weight, w_scale=self.weight_scale)
+        else:
+            self._prepared = backend.prepare("w8a8_matmul", w_q=self.weight, w_scale=self.weight_scale)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        xq, xs = self.backend.dynamic_quant_int8(x.reshape(-1, shape[-1]))
+        be, w = self.backend, self._prepared
+        xq, xs = be.dynamic_quant_int8(x.reshape(-1, shape[-1]))
         if self.scheme.name == W4A8:
-            y = self.backend.w4a8_matmul(xq, xs, self.weight, self.weight_scale, self.group_size, self.bias,
-                                         out_dtype=x.dtype)
+            y = be.w4a8_matmul(
+                xq, xs, w["w_packed"], w["w_scale"], self.group_size, self.bias, out_dtype=x.dtype
+            )
         else:
-            y = self.backend.w8a8_matmul(xq, xs, self.weight, self.weight_scale, self.bias, out_dtype=x.dtype)
+            y = be.w8a8_matmul(xq, xs, w["w_q"], w["w_scale"], self.bias, out_dtype=x.dtype)
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"in={self.in_features}, out={self.out_features}, {self.scheme.name}, "
-                f"group_size={self.group_size}")
+        return (
+            f"in={self.in_features}, out={self.out_features}, {self.scheme.name}, "
+            f"group_size={self.group_size}"
+        )
 
 
 class QuantExperts(nn.Module):
@@ -93,16 +120,24 @@ class QuantExperts(nn.Module):
     Semantics: backends/reference/grouped_matmul.py (SPEC 2.8)
     """
 
-    def __init__(self, n_experts: int, hidden: int, inter: int, scheme: Scheme,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        n_experts: int,
+        hidden: int,
+        inter: int,
+        scheme: Scheme,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         self.n_experts, self.hidden, self.inter, self.scheme = n_experts, hidden, inter, scheme
         e, d, i = n_experts, hidden, inter
         self.gs13 = scheme.group_size or d
         self.gs2 = scheme.group_size or i
         if d % self.gs13 or i % self.gs2:
-            raise ValueError(f"group_size: expected a divisor of hidden={d} and moe_intermediate={i}, "
-                             f"got {scheme.group_size}")
+            raise ValueError(
+                f"group_size: expected a divisor of hidden={d} and moe_intermediate={i}, "
+                f"got {scheme.group_size}"
+            )
         if scheme.name == W4A8:
             self.register_buffer("w13", torch.zeros(e, 2 * i, d // 2, dtype=torch.uint8, device=device))
             self.register_buffer("w13_scale", torch.zeros(e, 2 * i, d // self.gs13, device=device))
@@ -116,34 +151,60 @@ class QuantExperts(nn.Module):
 
     def set_int(self, e: int, proj: str, q: torch.Tensor, scale: torch.Tensor) -> None:
         """Expert e's `gate_proj` / `up_proj` / `down_proj`: q int8 [N, K], scale fp32 [N, G]."""
-        rows = {"gate_proj": slice(0, self.inter), "up_proj": slice(self.inter, 2 * self.inter),
-                "down_proj": slice(None)}[proj]
+        rows = {
+            "gate_proj": slice(0, self.inter),
+            "up_proj": slice(self.inter, 2 * self.inter),
+            "down_proj": slice(None),
+        }[proj]
         w, s = (self.w2, self.w2_scale) if proj == "down_proj" else (self.w13, self.w13_scale)
         w[e, rows] = _pack(q, self.scheme)
         s[e, rows] = scale.reshape(s[e, rows].shape).float()
 
     def int_weight(self, e: int, proj: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(q int8 [N, K], scale fp32 [N, G]) of expert e's projection."""
-        rows = {"gate_proj": slice(0, self.inter), "up_proj": slice(self.inter, 2 * self.inter),
-                "down_proj": slice(None)}[proj]
+        rows = {
+            "gate_proj": slice(0, self.inter),
+            "up_proj": slice(self.inter, 2 * self.inter),
+            "down_proj": slice(None),
+        }[proj]
         w, s = (self.w2, self.w2_scale) if proj == "down_proj" else (self.w13, self.w13_scale)
         q = _unpack(w[e, rows], self.scheme)
         return q, s[e, rows].reshape(q.shape[0], -1)
 
+    def use_backend(self, backend: Backend) -> None:
+        """Lay the expert weights out for `backend` once (`Backend.prepare`); see QuantLinear.use_backend."""
+        gs = self.scheme.name == W4A8
+        self._prepared = (
+            backend.key,
+            backend.prepare(
+                "grouped_matmul", w=self.w13, w_scale=self.w13_scale, group_size=self.gs13 if gs else None
+            ),
+            backend.prepare(
+                "grouped_matmul", w=self.w2, w_scale=self.w2_scale, group_size=self.gs2 if gs else None
+            ),
+        )
+
     def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
+        if getattr(self, "_prepared", (None,))[0] != be.key:
+            self.use_backend(be)  # a backend these experts have not been prepared for: once, not per call
+        _, p13, p2 = self._prepared
         d = moe.dispatch(ids, self.n_experts)
         w4 = self.scheme.name == W4A8
         # per-token scales do not depend on row order: quantize the T rows once, then gather
         xq, xs = be.dynamic_quant_int8(x)
         xq, xs = xq[d.token], xs[d.token]
-        h13 = be.grouped_matmul(xq, self.w13, d.offsets, xs, self.w13_scale, self.gs13 if w4 else None,
-                                out_dtype=x.dtype)
-        h = nn.functional.silu(h13[:, :self.inter]) * h13[:, self.inter:]
+        h13 = be.grouped_matmul(
+            xq, p13["w"], d.offsets, xs, p13["w_scale"], self.gs13 if w4 else None, out_dtype=x.dtype
+        )
+        h = nn.functional.silu(h13[:, : self.inter]) * h13[:, self.inter :]
         hq, hs = be.dynamic_quant_int8(h)
-        y = be.grouped_matmul(hq, self.w2, d.offsets, hs, self.w2_scale, self.gs2 if w4 else None,
-                              out_dtype=x.dtype)
+        y = be.grouped_matmul(
+            hq, p2["w"], d.offsets, hs, p2["w_scale"], self.gs2 if w4 else None, out_dtype=x.dtype
+        )
         return moe.combine(y, w, d).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"experts={self.n_experts}, hidden={self.hidden}, inter={self.inter}, {self.scheme.name}, " \
-               f"group_size={self.scheme.group_size}"
+        return (
+            f"experts={self.n_experts}, hidden={self.hidden}, inter={self.inter}, {self.scheme.name}, "
+            f"group_size={self.scheme.group_size}"
+        )

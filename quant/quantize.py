@@ -20,6 +20,8 @@ def quantize_model(model: nn.Module, recipe: Recipe | str, calib_ids: torch.Tens
     if calib_ids is not None:
         calibrate(model, recipe, plan, calib_ids, **calib_kw)
     quantize_modules(model, plan, recipe)   # whatever calibration left (MTP, head) is data-free
+    if hasattr(model, "prepare_weights"):
+        model.prepare_weights()  # the backend lays the quantized weights out once
     model.quant_plan = plan
     model.quant_recipe = recipe.name
     return plan
