@@ -2,7 +2,8 @@
 each other, not only with the reference, on the same inputs.
 
 Every selected case (errors/ cases excepted) builds its seeded CPU inputs once; each backend gets its own
-copy on its device. For a case both backends serve, each output is compared A against B:
+copy on its device. Cases either backend declines, or its expectations manifest skips, are listed but not
+compared. For a case both backends serve, each output is compared A against B:
 
     identical   bitwise equal (NaNs in the same places)
     close       floats within the case's comparator tolerance, taking B as the expected side
@@ -49,7 +50,7 @@ class CaseDiff:
     op: str
     dtype: str
     case: str
-    status: str  # identical | close | differs | declined | error
+    status: str  # identical | close | differs | declined | skipped | error
     message: str = ""
     outputs: list[OutputDiff] = field(default_factory=list)
 
@@ -162,8 +163,28 @@ def _compare_output(case: Case, dtype: str, i: int, a: Any, b: Any, args, refere
     return OutputDiff(name, "differs", detail, metrics)
 
 
-def diff_case(a: Backend, b: Backend, reference: Backend, case: Case, dtype: str) -> CaseDiff:
+def _skips(be: Backend):
+    """case key -> the backend's manifest skip reason (a skipped case is not run there, nor compared)."""
+    from conformance.manifest import load
+
+    manifest = load(be.expectations_path())
+    env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in be.environment().items()}
+
+    def skip(key: str) -> str | None:
+        e = manifest.expectation(key, env)
+        return e.reason if e is not None and e.status == "skip" else None
+
+    return skip
+
+
+def diff_case(
+    a: Backend, b: Backend, reference: Backend, case: Case, dtype: str, skips=(lambda k: None,) * 2
+) -> CaseDiff:
     res = CaseDiff(case.op, dtype, case.id, "identical")
+    why = [f"{be.name} manifest skips it: {r}" for be, s in zip((a, b), skips) if (r := s(case.key(dtype)))]
+    if why:
+        res.status, res.message = "skipped", "; ".join(why)
+        return res
     try:
         args = case.inputs(dtype)
     except Exception as exc:
@@ -197,7 +218,8 @@ def run(
     import backends
 
     reference = reference or backends.get("reference")
-    return [diff_case(a, b, reference, c, dt) for c, dt in selection if c.suite != "errors"]
+    skips = (_skips(a), _skips(b))
+    return [diff_case(a, b, reference, c, dt, skips) for c, dt in selection if c.suite != "errors"]
 
 
 def summary(diffs: Sequence[CaseDiff]) -> dict[str, dict[str, int]]:
@@ -242,7 +264,7 @@ def render(a: str, b: str, diffs: Sequence[CaseDiff], console) -> None:
 
 def exit_code(diffs: Sequence[CaseDiff]) -> int:
     """1 when the backends disagree beyond tolerance (or a comparison failed), or nothing was compared."""
-    compared = [d for d in diffs if d.status not in ("declined",)]
+    compared = [d for d in diffs if d.status not in ("declined", "skipped")]
     if not compared:
         return 1
     return 1 if any(d.status in ("differs", "error") for d in diffs) else 0

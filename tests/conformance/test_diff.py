@@ -132,3 +132,15 @@ def test_cli_diff(monkeypatch, tmp_path):
         assert len(bad.output.strip().splitlines()) == 1
     finally:
         backends.refresh()
+
+
+def test_manifest_skips_are_not_compared(tmp_path, monkeypatch):
+    (tmp_path / "expectations.yaml").write_text(
+        'expectations:\n  - match: "topk/float32/adversarial/near_ties*"\n'
+        '    status: skip\n    reason: "keys rounded to fp16 on purpose"\n'
+    )
+    monkeypatch.setattr(Rounded, "expectations_path", lambda self: tmp_path / "expectations.yaml")
+    diffs = cdiff.run(Exact(), Rounded(), _near_ties())
+    assert [d.status for d in diffs] == ["skipped"]
+    assert "fake_rounded manifest skips it: keys rounded to fp16 on purpose" in diffs[0].message
+    assert cdiff.exit_code(diffs) == 1  # nothing was compared
