@@ -10,6 +10,7 @@ Stored tensors per linear weight [N, K] (quant/formats/*.py, shared/reference/qu
   compressed-tensors W8A8:  weight int8 [N, K], weight_scale fp32 [N, 1]
   compressed-tensors W4A8:  weight_packed int32 [N, ceil(K/8)], weight_scale fp32 [N, K/group or 1],
                             weight_shape int64 [2]
+  fp8 (GLM-5-FP8):          weight e4m3 [N, K], weight_scale_inv fp32 [ceil(N/128), ceil(K/128)]
 Sharding (vLLM DeepseekV2 / GlmMoeDsa, dsa_semantics.md 5): q_b_proj, kv_b_proj, dense and shared-expert
 gate/up, embedding and lm_head split their output rows over TP (column parallel); o_proj and the dense and
 shared-expert down_proj split their input columns (row parallel); q_a_proj, kv_a_proj_with_mqa, the whole
@@ -29,7 +30,7 @@ from torch import nn
 
 from quant.recipe import W4A8, W8A8, Scheme
 
-FORMATS = ("hf", "modelslim", "compressed-tensors")
+FORMATS = ("hf", "modelslim", "compressed-tensors", "fp8")
 _STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
 _ROW_SLICED = ("down_proj", "o_proj", "w2")  # msModelSlim scale_bias [N, 16] leaves
 # (pattern over the parameter's module name, role, split); first match wins
@@ -154,6 +155,9 @@ def _quant_parts(n: int, k: int, s: Scheme, fmt: str, leaf: str, bias: bool, spl
                 if leaf in _ROW_SLICED
                 else Part("scale_bias", (n, 1), 4, ("n", "-"))
             )
+    elif fmt == "fp8":  # GLM-5-FP8: e4m3 weight + fp32 weight_scale_inv per 128 x 128 block
+        out = [Part("weight", (n, k), 1, ("n", "k")), Part("weight_scale_inv", (-(-n // 128), -(-k // 128)), 4,
+                                                           ("n", "k"))]
     elif fmt == "compressed-tensors":
         if s.name == W4A8:
             out = [

@@ -20,6 +20,7 @@ from glm5.deploy.machines import Machine
 
 GIB = 1 << 30
 FLOAT_RECIPE = "bf16"
+FP8_RECIPE = "fp8"  # GLM-5-FP8 as published: block FP8 linears and experts (quant/formats/fp8.py)
 _CACHE: dict[tuple[str, str, str], list[Weight]] = {}
 _MODELS: dict[str, Any] = {}
 
@@ -55,6 +56,11 @@ class Request:
             )
         if self.spec_tokens < 0:
             raise ValueError(f"spec_tokens: expected >= 0, got {self.spec_tokens}")
+        if self.recipe == FP8_RECIPE and self.machine.vendor != "nvidia":
+            raise ValueError(
+                f"recipe: {self.machine.name} has no FP8 datapath; convert GLM-5-FP8 with `glm5 quantize "
+                "--model FP8_DIR --recipe glm5-w8a8 --format modelslim` and plan that recipe"
+            )
         u = self.gpu_memory_utilization
         if u is not None and not 0 < u <= 1:
             raise ValueError(f"gpu_memory_utilization: expected in (0, 1], got {u}")
@@ -91,6 +97,8 @@ class Request:
 
     @property
     def checkpoint_format(self) -> str:
+        if self.recipe == FP8_RECIPE:
+            return "fp8"
         return "hf" if self.recipe == FLOAT_RECIPE else self.machine.checkpoint_format
 
 
@@ -148,7 +156,12 @@ def weights_for(config: GLM5Config, recipe: str, fmt: str) -> list[Weight]:
             _MODELS[key[0]] = meta_model(config)
         model = _MODELS[key[0]]
         try:
-            scheme_plan = {} if recipe == FLOAT_RECIPE else plan_model(model, Recipe.load(recipe))
+            if recipe == FP8_RECIPE:
+                from quant.formats.fp8 import inventory_plan
+
+                scheme_plan = inventory_plan(model)
+            else:
+                scheme_plan = {} if recipe == FLOAT_RECIPE else plan_model(model, Recipe.load(recipe))
         except ValueError as exc:
             raise ValueError(f"{exc} (or '{FLOAT_RECIPE}' for the float checkpoint)") from exc
         _CACHE[key] = inventory(model, scheme_plan, fmt)

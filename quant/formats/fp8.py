@@ -67,6 +67,21 @@ def fp8_targets(model: nn.Module) -> list[tuple[str, nn.Module]]:
             if isinstance(m, (nn.Linear, Experts, FP8Linear, FP8Experts)) and not _matches(n, KEEP_BF16)]
 
 
+def inventory_plan(model: nn.Module) -> dict[str, Any]:
+    """module name -> a Scheme labelled FP8_BLOCK for every weight GLM-5-FP8 stores in FP8, with stacked
+    experts named per projection as the deployment inventory counts them (glm5/deploy/inventory.py)."""
+    from quant.recipe import Scheme
+
+    fp8 = Scheme("FP8_BLOCK")
+    out: dict[str, Any] = {}
+    for name, mod in fp8_targets(model):
+        if isinstance(mod, (Experts, FP8Experts)):
+            out.update({f"{name}.0.{p}": fp8 for p in EXPERT_PROJS})
+        else:
+            out[name] = fp8
+    return out
+
+
 # -- export ----------------------------------------------------------------------------------------------
 
 
