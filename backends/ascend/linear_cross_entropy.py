@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from backends.ascend._provider import OpsProvider
+from backends.autograd import ChunkedLinearCrossEntropy, LinearCEKernels, row_chunks
 from backends.caps import OpCaps, OpImpl
 from backends.ops import FLOATS
 
@@ -20,53 +21,37 @@ from backends.ops import FLOATS
 CHUNK_ELEMS = 1 << 22
 
 
-def _chunks(n: int, v: int):
-    step = max(1, CHUNK_ELEMS // max(1, v))
-    for a in range(0, n, step):
-        yield slice(a, min(a + step, n))
+def _forward(h, weight, targets, ignore_index):
+    from kernels_ascend.linear_cross_entropy import matmul, row_softmax
+
+    counted = targets != ignore_index  # [n]
+    logits = torch.empty((h.shape[0], weight.shape[0]), dtype=torch.float32, device=h.device)
+    matmul(h, weight.T, logits)  # [n, V]
+    lse, t_logit = row_softmax(logits, torch.where(counted, targets, 0))
+    return lse, (lse - t_logit)[counted].sum()
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    # TODO(lead): move next to the other shared wrappers in backends/autograd.py (STYLE rule 2)
-    @staticmethod
-    def forward(ctx, h, weight, targets, ignore_index):
-        from kernels_ascend.linear_cross_entropy import matmul, row_softmax
+def _backward(h, weight, targets, ignore_index, lse, scale):
+    from kernels_ascend.linear_cross_entropy import matmul, row_softmax
 
-        counted = targets != ignore_index  # [N]
-        tgt = torch.where(counted, targets, 0)
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
-        for r in _chunks(h.shape[0], weight.shape[0]):
-            logits = torch.empty((r.stop - r.start, weight.shape[0]), dtype=torch.float32, device=h.device)
-            matmul(h[r], weight.T, logits)  # [n, V]
-            lse, t_logit = row_softmax(logits, tgt[r])
-            total = total + (lse - t_logit)[counted[r]].sum()
-        ctx.save_for_backward(h, weight, tgt, counted)
-        return total / counted.sum()
+    counted = targets != ignore_index
+    logits = torch.empty((h.shape[0], weight.shape[0]), dtype=torch.float32, device=h.device)
+    grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
+    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+    matmul(h, weight.T, logits)
+    row_scale = (counted.float() * scale).contiguous()
+    row_softmax(logits, torch.where(counted, targets, 0), row_scale)  # logits -> dL/dlogits in place
+    matmul(logits, weight, grad_h)
+    matmul(logits.T, h, grad_w, accumulate=True)
+    return grad_h, grad_w
 
-    @staticmethod
-    def backward(ctx, grad_loss):
-        from kernels_ascend.linear_cross_entropy import matmul, row_softmax
 
-        h, weight, tgt, counted = ctx.saved_tensors
-        grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
-        count = int(counted.sum())
-        if count:
-            row_scale = counted.float() * (grad_loss.float() / count)
-            for r in _chunks(h.shape[0], weight.shape[0]):
-                logits = torch.empty(
-                    (r.stop - r.start, weight.shape[0]), dtype=torch.float32, device=h.device
-                )
-                matmul(h[r], weight.T, logits)
-                row_softmax(logits, tgt[r], row_scale[r].contiguous())  # logits -> dL/dlogits in place
-                matmul(logits, weight, grad_h[r])
-                matmul(logits.T, h[r], grad_w, accumulate=True)
-        return grad_h.to(h.dtype), grad_w.to(weight.dtype), None, None
+_KERNELS = LinearCEKernels(row_chunks(CHUNK_ELEMS), _forward, _backward)
 
 
 def impl(provider: OpsProvider) -> OpImpl:
     def linear_cross_entropy(h, weight, targets, ignore_index=-100):
         provider.record("linear_cross_entropy", provider.kernel_label("linear_cross_entropy"))
-        return _LinearCrossEntropy.apply(h, weight, targets, ignore_index)
+        return ChunkedLinearCrossEntropy.apply(h, weight, targets, ignore_index, _KERNELS)
 
     return OpImpl(linear_cross_entropy, OpCaps(FLOATS, differentiable=True))

@@ -8,13 +8,14 @@ d logits is rounded to bf16 and each chunk's products, accumulated in fp32 by th
 gradient buffers). So at most one chunk of fp32 logits exists at a time (CHUNK_ELEMS elements), never
 [N, V]. Loss = sum(nll) / count: NaN when no target is counted (as the reference and torch), and then
 zero gradients.
-The autograd.Function lives here because backends/ has no shared wrapper for this op.
+The chunking and the autograd.Function are backends/autograd.py's ChunkedLinearCrossEntropy.
 """
 
 from __future__ import annotations
 
 import torch
 
+from backends.autograd import ChunkedLinearCrossEntropy, LinearCEKernels, row_chunks
 from backends.caps import OpCaps, OpImpl
 from backends.ops import FLOATS
 
@@ -22,54 +23,37 @@ from backends.ops import FLOATS
 CHUNK_ELEMS = 1 << 26
 
 
-def _chunks(n: int, v: int, chunk_rows: int | None):
-    step = chunk_rows or max(1, CHUNK_ELEMS // max(1, v))
-    if chunk_rows is None and step > 128:
-        step -= step % 128            # whole 128-row GEMM tiles
-    for a in range(0, n, step):
-        yield slice(a, min(a + step, n))
+def _cast(h, weight):
+    dt = torch.promote_types(h.dtype, weight.dtype)  # tl.dot takes one input dtype: exact widening
+    return h.to(dt), weight.to(dt)
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, weight, targets, ignore_index, chunk_rows):
-        from kernels_cuda.linear_cross_entropy import chunk_logits, chunk_lse
+def _forward(h, w, targets, ignore_index):
+    from kernels_cuda.linear_cross_entropy import chunk_logits, chunk_lse
 
-        # tl.dot takes one input dtype: promote a mixed pair (exact widening)
-        dt = torch.promote_types(h.dtype, weight.dtype)
-        hc, wc = h.to(dt), weight.to(dt)
-        tgt = targets.contiguous()
-        n = h.shape[0]
-        lse = torch.empty(n, dtype=torch.float32, device=h.device)
-        nll = torch.empty(n, dtype=torch.float32, device=h.device)
-        for r in _chunks(n, weight.shape[0], chunk_rows):
-            lse[r], nll[r] = chunk_lse(chunk_logits(hc[r], wc), tgt[r], ignore_index)
-        count = (tgt != ignore_index).sum()
-        ctx.save_for_backward(h, weight, tgt, lse, count)
-        ctx.ignore_index, ctx.chunk_rows = ignore_index, chunk_rows
-        return nll.sum() / count
+    lse, nll = chunk_lse(chunk_logits(h, w), targets.contiguous(), ignore_index)
+    return lse, nll.sum()
 
-    @staticmethod
-    def backward(ctx, grad_loss):
-        from kernels_cuda.linear_cross_entropy import chunk_grad_, chunk_logits
 
-        h, weight, tgt, lse, count = ctx.saved_tensors
-        dt = torch.promote_types(h.dtype, weight.dtype)
-        hc, wc = h.to(dt), weight.to(dt)
-        # bf16 (fp32's exponent range): d logits in bf16 on tensor cores, fp32 accumulation, as Liger-Kernel;
-        # fp16 would flush the tiny (p - onehot) / count values, so fp16 and fp32 run the GEMMs in fp32.
-        gemm_dtype = torch.bfloat16 if dt == torch.bfloat16 else torch.float32
-        wg = wc.to(gemm_dtype)
-        # count == 0: every row is ignored, so the kernel's coefficient is 0 whatever this scale is
-        scale = (grad_loss.float() / count.clamp_min(1)).reshape(1)
-        grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
-        for r in _chunks(h.shape[0], weight.shape[0], ctx.chunk_rows):
-            dlogits = chunk_grad_(chunk_logits(hc[r], wc), tgt[r], lse[r], scale, ctx.ignore_index)
-            dlogits = dlogits.to(gemm_dtype)
-            grad_h[r] = dlogits @ wg
-            grad_w += dlogits.T @ hc[r].to(gemm_dtype)
-        return grad_h.to(h.dtype), grad_w.to(weight.dtype), None, None, None
+def _backward(h, w, targets, ignore_index, lse, scale):
+    from kernels_cuda.linear_cross_entropy import chunk_grad_, chunk_logits
+
+    # bf16 (fp32's exponent range): d logits in bf16 on tensor cores, fp32 accumulation, as Liger-Kernel;
+    # fp16 would flush the tiny (p - onehot) / count values, so fp16 and fp32 run the GEMMs in fp32.
+    gemm_dtype = torch.bfloat16 if h.dtype == torch.bfloat16 else torch.float32
+    # count == 0: every row is ignored, so the kernel's coefficient is 0 whatever the scale is
+    d = chunk_grad_(chunk_logits(h, w), targets.contiguous(), lse, scale.reshape(1), ignore_index)
+    d = d.to(gemm_dtype)
+    return (d @ w.to(gemm_dtype)).float(), (d.T @ h.to(gemm_dtype)).float()
+
+
+def _kernels(chunk_rows: int | None) -> LinearCEKernels:
+    def chunks(n: int, v: int):
+        if chunk_rows:
+            return [slice(a, min(a + chunk_rows, n)) for a in range(0, n, chunk_rows)]
+        return row_chunks(CHUNK_ELEMS, 128)(n, v)  # whole 128-row GEMM tiles
+
+    return LinearCEKernels(chunks, _forward, _backward, cast=_cast)
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -79,7 +63,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
 
     Semantics: backends/reference/linear_cross_entropy.py (SPEC 2.9)
     """
-    return _LinearCrossEntropy.apply(h, weight, targets, ignore_index, chunk_rows)
+    return ChunkedLinearCrossEntropy.apply(h, weight, targets, ignore_index, _kernels(chunk_rows))
 
 
 def _linear_cross_entropy(h, weight, targets, ignore_index=-100):
