@@ -3,7 +3,7 @@ report of `glm5 conformance`, so every number matches its JSON) plus the model-l
 GLM-5 needs for a config and recipe (glm5/port/needs.py).
 
 A row is one op x dtype of the fixed matrix (backends.ops.OPS). Its state counts the numeric cases
-(smoke, realistic, adversarial); `errors/` cases check argument validation, which is shared code of
+(smoke, realistic, adversarial, limits); `errors/` cases check argument validation, which is shared code of
 `backends.Backend`, so they pass even for a backend that serves nothing and are counted apart:
 
     passing      every numeric case ran and passed
