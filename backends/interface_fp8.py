@@ -49,7 +49,8 @@ class FP8Ops:
         out_dtype: torch.dtype = torch.bfloat16,
     ) -> torch.Tensor:
         """MoE FP8 GEMM over expert-sorted rows (SPEC 7.3): w_q e4m3 [E, N, K], w_scale_inv fp32
-        [E, ceil(N/128), ceil(K/128)], group_offsets int [E+1]. Semantics: backends/reference/fp8_grouped_matmul.py"""
+        [E, ceil(N/128), ceil(K/128)], group_offsets int [E+1].
+        Semantics: backends/reference/fp8_grouped_matmul.py"""
         return self._call(
             "fp8_grouped_matmul",
             dict(

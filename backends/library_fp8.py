@@ -18,7 +18,9 @@ E4M3 = torch.float8_e4m3fn
 
 
 @_lib_op("fp8_quant_group")
-def fp8_quant_group(x: Tensor, group_size: int, eps: float, ue8m0: bool, backend: str) -> tuple[Tensor, Tensor]:
+def fp8_quant_group(
+    x: Tensor, group_size: int, eps: float, ue8m0: bool, backend: str
+) -> tuple[Tensor, Tensor]:
     return _run(backend, "fp8_quant_group", dict(x=x, group_size=group_size, eps=eps, ue8m0=ue8m0))
 
 
@@ -30,7 +32,12 @@ def _(x, group_size, eps, ue8m0, backend):
 
 @_lib_op("fp8_block_matmul")
 def fp8_block_matmul(
-    x_q: Tensor, x_scale: Tensor, w_q: Tensor, w_scale_inv: Tensor, bias: Tensor | None, out_dtype: torch.dtype,
+    x_q: Tensor,
+    x_scale: Tensor,
+    w_q: Tensor,
+    w_scale_inv: Tensor,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
     backend: str,
 ) -> Tensor:
     args = dict(x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale_inv=w_scale_inv, bias=bias, out_dtype=out_dtype)
@@ -44,11 +51,22 @@ def _(x_q, x_scale, w_q, w_scale_inv, bias, out_dtype, backend):
 
 @_lib_op("fp8_grouped_matmul")
 def fp8_grouped_matmul(
-    x_q: Tensor, x_scale: Tensor, w_q: Tensor, w_scale_inv: Tensor, group_offsets: Tensor,
-    out_dtype: torch.dtype, backend: str,
+    x_q: Tensor,
+    x_scale: Tensor,
+    w_q: Tensor,
+    w_scale_inv: Tensor,
+    group_offsets: Tensor,
+    out_dtype: torch.dtype,
+    backend: str,
 ) -> Tensor:
-    args = dict(x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale_inv=w_scale_inv, group_offsets=group_offsets,
-                out_dtype=out_dtype)
+    args = dict(
+        x_q=x_q,
+        x_scale=x_scale,
+        w_q=w_q,
+        w_scale_inv=w_scale_inv,
+        group_offsets=group_offsets,
+        out_dtype=out_dtype,
+    )
     return _run(backend, "fp8_grouped_matmul", args)
 
 
@@ -59,8 +77,16 @@ def _(x_q, x_scale, w_q, w_scale_inv, group_offsets, out_dtype, backend):
 
 @_lib_op("fp8_indexer_logits")
 def fp8_indexer_logits(
-    q: Tensor, k_cache: Tensor, k_scale: Tensor, weights: Tensor, cu_seqlens_q: Tensor, seqlens_k: Tensor,
-    cu_seqlens_k: Tensor | None, block_table: Tensor | None, max_seqlen_k: int, backend: str,
+    q: Tensor,
+    k_cache: Tensor,
+    k_scale: Tensor,
+    weights: Tensor,
+    cu_seqlens_q: Tensor,
+    seqlens_k: Tensor,
+    cu_seqlens_k: Tensor | None,
+    block_table: Tensor | None,
+    max_seqlen_k: int,
+    backend: str,
 ) -> Tensor:
     layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
     args = dict(q=q, k_cache=k_cache, k_scale=k_scale, weights=weights, layout=layout)
@@ -75,8 +101,17 @@ def _(q, k_cache, k_scale, weights, cu_q, sk, cu_k, bt, max_seqlen_k, backend):
 
 @_lib_op("fp8_indexer_topk")
 def fp8_indexer_topk(
-    q: Tensor, k_cache: Tensor, k_scale: Tensor, weights: Tensor, cu_seqlens_q: Tensor, seqlens_k: Tensor,
-    cu_seqlens_k: Tensor | None, block_table: Tensor | None, max_seqlen_k: int, topk: int, backend: str,
+    q: Tensor,
+    k_cache: Tensor,
+    k_scale: Tensor,
+    weights: Tensor,
+    cu_seqlens_q: Tensor,
+    seqlens_k: Tensor,
+    cu_seqlens_k: Tensor | None,
+    block_table: Tensor | None,
+    max_seqlen_k: int,
+    topk: int,
+    backend: str,
 ) -> Tensor:
     layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
     args = dict(q=q, k_cache=k_cache, k_scale=k_scale, weights=weights, layout=layout, topk=topk)
@@ -100,14 +135,30 @@ def _(kv, backend):
 
 @_lib_op("fp8_sparse_mla_attention")
 def fp8_sparse_mla_attention(
-    q: Tensor, kv_cache: Tensor, indices: Tensor, cu_seqlens_q: Tensor, seqlens_k: Tensor,
-    cu_seqlens_k: Tensor | None, block_table: Tensor | None, max_seqlen_k: int, sm_scale: float, d_v: int,
-    return_lse: bool, backend: str,
+    q: Tensor,
+    kv_cache: Tensor,
+    indices: Tensor,
+    cu_seqlens_q: Tensor,
+    seqlens_k: Tensor,
+    cu_seqlens_k: Tensor | None,
+    block_table: Tensor | None,
+    max_seqlen_k: int,
+    sm_scale: float,
+    d_v: int,
+    return_lse: bool,
+    backend: str,
 ) -> tuple[Tensor, Tensor]:
     """lse is an empty [0] float32 tensor when return_lse is False (as sparse_mla_attention)."""
     layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
-    args = dict(q=q, kv_cache=kv_cache, indices=indices, layout=layout, sm_scale=sm_scale, d_v=d_v,
-                return_lse=return_lse)
+    args = dict(
+        q=q,
+        kv_cache=kv_cache,
+        indices=indices,
+        layout=layout,
+        sm_scale=sm_scale,
+        d_v=d_v,
+        return_lse=return_lse,
+    )
     out, lse = _run(backend, "fp8_sparse_mla_attention", args)
     if not return_lse or lse is None:
         lse = q.new_empty((0,), dtype=torch.float32)

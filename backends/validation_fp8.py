@@ -66,14 +66,10 @@ def check_fp8_grouped_matmul(x_q, x_scale, w_q, w_scale_inv, group_offsets, out_
     if w_q.shape[2] != k:
         fail("w_q", f"shape [E, N, K={k}] (K as x_q)", f"shape {_shape(w_q)}")
     check_tensor("x_scale", x_scale, dtype=torch.float32, shape=(m, _cdiv(k, BLOCK)))
-    check_tensor(
-        "w_scale_inv", w_scale_inv, dtype=torch.float32, shape=(e, _cdiv(n, BLOCK), _cdiv(k, BLOCK))
-    )
+    check_tensor("w_scale_inv", w_scale_inv, dtype=torch.float32, shape=(e, _cdiv(n, BLOCK), _cdiv(k, BLOCK)))
     check_tensor("group_offsets", group_offsets, dtype=(torch.int32, torch.int64), shape=(e + 1,))
     _check_out_dtype(out_dtype)
-    check_same_device(
-        x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale_inv=w_scale_inv, group_offsets=group_offsets
-    )
+    check_same_device(x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale_inv=w_scale_inv, group_offsets=group_offsets)
 
 
 def values_fp8_grouped_matmul(x_q, x_scale, w_q, w_scale_inv, group_offsets, out_dtype) -> None:
@@ -130,7 +126,11 @@ def check_fp8_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, 
     check_same_device(q=q, kv_cache=kv_cache, indices=indices)
     _check_layout(layout, t, kv_cache, "kv_cache")
     _check_cache("kv_cache", kv_cache, layout, MLA_ROW_BYTES, torch.uint8)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not abs(sm_scale) < float("inf"):
+    if (
+        isinstance(sm_scale, bool)
+        or not isinstance(sm_scale, (int, float))
+        or not abs(sm_scale) < float("inf")
+    ):
         fail("sm_scale", "a finite float", sm_scale)
     if d_v != MLA_D_V:
         fail("d_v", f"{MLA_D_V} (the latent width of the FP8 cache)", d_v)

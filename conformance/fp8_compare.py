@@ -42,8 +42,9 @@ def _gemm_magnitude(x_q, x_scale, w_q, w_scale_inv) -> torch.Tensor:
     return mag
 
 
-def fp8_gemm(name: str, a: Any, r: torch.Tensor, ctx: Context, *, ulps: float = 1.0,
-             rtol: float = 2.0**-17, **_: float) -> Check:
+def fp8_gemm(
+    name: str, a: Any, r: torch.Tensor, ctx: Context, *, ulps: float = 1.0, rtol: float = 2.0**-17, **_: float
+) -> Check:
     bad = _header(name, a, r)
     if bad:
         return bad
@@ -54,8 +55,9 @@ def fp8_gemm(name: str, a: Any, r: torch.Tensor, ctx: Context, *, ulps: float = 
         for e in range(args["w_q"].shape[0]):
             rows = slice(offs[e], offs[e + 1])
             if offs[e] < offs[e + 1]:
-                mag[rows] = _gemm_magnitude(args["x_q"][rows], args["x_scale"][rows], args["w_q"][e],
-                                            args["w_scale_inv"][e])
+                mag[rows] = _gemm_magnitude(
+                    args["x_q"][rows], args["x_scale"][rows], args["w_q"][e], args["w_scale_inv"][e]
+                )
     else:
         mag = _gemm_magnitude(args["x_q"], args["x_scale"], args["w_q"], args["w_scale_inv"])
         if args.get("bias") is not None:
@@ -72,8 +74,11 @@ def fp8_gemm(name: str, a: Any, r: torch.Tensor, ctx: Context, *, ulps: float = 
     metrics = res.metrics | {"mismatches": n_bad, "ulps": ulps, "rtol": rtol}
     if r.numel():
         metrics["max_err_over_mag"] = float((err / mag.clamp_min(1e-300)).max())
-    msg = (f"{name}: {n_bad} / {r.numel()} elements beyond {ulps:g} ulp of {r.dtype} + {rtol:g} * sum|terms|"
-           if n_bad else "")
+    msg = (
+        f"{name}: {n_bad} / {r.numel()} elements beyond {ulps:g} ulp of {r.dtype} + {rtol:g} * sum|terms|"
+        if n_bad
+        else ""
+    )
     return Check(name, n_bad == 0, msg, metrics, _worst(a64, r64, excess, allowed))
 
 

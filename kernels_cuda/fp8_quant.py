@@ -51,8 +51,21 @@ def pow2_ceil(s):
 
 
 @triton.jit
-def _quant_group_kernel(x_ptr, q_ptr, s_ptr, K, G, stride_xm, stride_xk, stride_qm, stride_sm, eps,
-                        UE8M0: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr):
+def _quant_group_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    K,
+    G,
+    stride_xm,
+    stride_xk,
+    stride_qm,
+    stride_sm,
+    eps,
+    UE8M0: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     m = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     cols = g * GROUP + tl.arange(0, BLOCK)
@@ -67,8 +80,9 @@ def _quant_group_kernel(x_ptr, q_ptr, s_ptr, K, G, stride_xm, stride_xk, stride_
     tl.store(q_ptr + m * stride_qm + cols, y.to(tl.float8e4nv), mask=mask)
 
 
-def fp8_quant_group(x: torch.Tensor, group_size: int, eps: float, ue8m0: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_quant_group(
+    x: torch.Tensor, group_size: int, eps: float, ue8m0: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] float -> (e4m3 [M, K], fp32 scales [M, ceil(K / group_size)]).
     Semantics: backends/reference/fp8_quant_group.py (SPEC 7.1)"""
     m, k = x.shape
@@ -76,16 +90,29 @@ def fp8_quant_group(x: torch.Tensor, group_size: int, eps: float, ue8m0: bool
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((m, g), dtype=torch.float32, device=x.device)
     if m and k:
-        _quant_group_kernel[(m, g)](x, q, s, k, g, x.stride(0), x.stride(1), q.stride(0), s.stride(0),
-                                    float(eps), UE8M0=ue8m0, GROUP=group_size,
-                                    BLOCK=triton.next_power_of_2(group_size))
+        _quant_group_kernel[(m, g)](
+            x,
+            q,
+            s,
+            k,
+            g,
+            x.stride(0),
+            x.stride(1),
+            q.stride(0),
+            s.stride(0),
+            float(eps),
+            UE8M0=ue8m0,
+            GROUP=group_size,
+            BLOCK=triton.next_power_of_2(group_size),
+        )
         count_launch("fp8_quant_group")
     return q, s
 
 
 @triton.jit
-def _mla_rows_kernel(kv_ptr, lat_ptr, sc_ptr, rope_ptr, stride_kv, stride_row_lat, stride_row_sc,
-                     stride_row_rope, floor):
+def _mla_rows_kernel(
+    kv_ptr, lat_ptr, sc_ptr, rope_ptr, stride_kv, stride_row_lat, stride_row_sc, stride_row_rope, floor
+):
     """One token: four 128-wide latent tiles with power-of-two scales, then the 64 RoPE values."""
     n = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1)
@@ -111,7 +138,8 @@ def fp8_mla_cache_quant(kv: torch.Tensor) -> torch.Tensor:
         lat = rows[:, :512].view(torch.float8_e4m3fn)
         sc = rows[:, 512:528].view(torch.float32)
         rope = rows[:, 528:].view(torch.bfloat16)
-        _mla_rows_kernel[(n, 4)](kv, lat, sc, rope, kv.stride(0), lat.stride(0), sc.stride(0), rope.stride(0),
-                                 1e-4)
+        _mla_rows_kernel[(n, 4)](
+            kv, lat, sc, rope, kv.stride(0), lat.stride(0), sc.stride(0), rope.stride(0), 1e-4
+        )
         count_launch("fp8_mla_cache_quant")
     return rows

@@ -30,11 +30,37 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _fp8_sparse_mla_fwd_kernel(q_ptr, sq_t, sq_h, lat_ptr, sc_ptr, rope_ptr, s_lat, s_sc, s_rope, idx_ptr,
-                               si_t, out_ptr, so_t, so_h, lse_ptr, req_ptr, seqk_ptr, cuk_ptr, bt_ptr,
-                               bt_stride, block_size, sm_scale, H, NIDX, PAGED: tl.constexpr,
-                               BLOCK_H: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
-                               BF16: tl.constexpr):
+def _fp8_sparse_mla_fwd_kernel(
+    q_ptr,
+    sq_t,
+    sq_h,
+    lat_ptr,
+    sc_ptr,
+    rope_ptr,
+    s_lat,
+    s_sc,
+    s_rope,
+    idx_ptr,
+    si_t,
+    out_ptr,
+    so_t,
+    so_h,
+    lse_ptr,
+    req_ptr,
+    seqk_ptr,
+    cuk_ptr,
+    bt_ptr,
+    bt_stride,
+    block_size,
+    sm_scale,
+    H,
+    NIDX,
+    PAGED: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BN: tl.constexpr,
+    IEEE: tl.constexpr,
+    BF16: tl.constexpr,
+):
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = h < H
@@ -77,14 +103,24 @@ def _fp8_sparse_mla_fwd_kernel(q_ptr, sq_t, sq_h, lat_ptr, sc_ptr, rope_ptr, s_l
     lse = tl.where(has, m + tl.log(tl.where(has, l_sum, 1.0)), float("-inf"))
     if BF16:
         out = rne_bf16(out)
-    tl.store(out_ptr + t.to(tl.int64) * so_t + h[:, None] * so_h + dv[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=hmask[:, None])
+    tl.store(
+        out_ptr + t.to(tl.int64) * so_t + h[:, None] * so_h + dv[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=hmask[:, None],
+    )
     tl.store(lse_ptr + t.to(tl.int64) * H + h, lse, mask=hmask)
 
 
-def fp8_sparse_mla_fwd(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, sm_scale: float,
-                       cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, cu_seqlens_k: torch.Tensor | None,
-                       block_table: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_sparse_mla_fwd(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    cu_seqlens_q: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q bf16/fp32 [T, H, 576]; kv_cache uint8 ragged [rows, 656] / paged [nb, bs, 656]; indices int32
     [T, topk] logical positions -> (out [T, H, 512] dtype of q, lse [T, H] fp32).
     Semantics: backends/reference/fp8_sparse_mla_attention.py (SPEC 7.7)"""
@@ -100,16 +136,43 @@ def fp8_sparse_mla_fwd(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.T
     sc = flat[:, 512:528].view(torch.float32)
     rope = flat[:, 528:].view(torch.bfloat16)
     q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)
-    req = torch.repeat_interleave(torch.arange(q_lens.shape[0], device=q.device, dtype=torch.int32), q_lens,
-                                  output_size=t)
+    req = torch.repeat_interleave(
+        torch.arange(q_lens.shape[0], device=q.device, dtype=torch.int32), q_lens, output_size=t
+    )
     meta = block_table if paged else cu_seqlens_k
     block_h, bn = (16, 16) if interpreter_active() else (32, 32)
     extra = {} if interpreter_active() else dict(num_warps=8, num_stages=2)
     count_launch("fp8_sparse_mla_fwd")
     _fp8_sparse_mla_fwd_kernel[(t, triton.cdiv(h, block_h))](
-        q, q.stride(0), q.stride(1), lat, sc, rope, lat.stride(0), sc.stride(0), rope.stride(0), indices,
-        indices.stride(0), out, out.stride(0), out.stride(1), lse, req, seqlens_k, meta, meta,
-        block_table.stride(0) if paged else 0, kv_cache.shape[1] if paged else 0, float(sm_scale), h,
-        indices.shape[1], PAGED=paged, BLOCK_H=block_h, BN=bn,
-        IEEE=q.dtype == torch.float32 or interpreter_active(), BF16=q.dtype == torch.bfloat16, **extra)
+        q,
+        q.stride(0),
+        q.stride(1),
+        lat,
+        sc,
+        rope,
+        lat.stride(0),
+        sc.stride(0),
+        rope.stride(0),
+        indices,
+        indices.stride(0),
+        out,
+        out.stride(0),
+        out.stride(1),
+        lse,
+        req,
+        seqlens_k,
+        meta,
+        meta,
+        block_table.stride(0) if paged else 0,
+        kv_cache.shape[1] if paged else 0,
+        float(sm_scale),
+        h,
+        indices.shape[1],
+        PAGED=paged,
+        BLOCK_H=block_h,
+        BN=bn,
+        IEEE=q.dtype == torch.float32 or interpreter_active(),
+        BF16=q.dtype == torch.bfloat16,
+        **extra,
+    )
     return out, lse

@@ -24,8 +24,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from backends.reference.fp8_format import E4M3_MAX, MLA_SCALE_FLOOR, cast_e4m3, dequantize_weight_blocks, pow2_ceil
-from backends.reference.fp8_format import quantize_weight_blocks
+from backends import Backend
+from backends.reference.fp8_format import (
+    E4M3_MAX,
+    MLA_SCALE_FLOOR,
+    cast_e4m3,
+    dequantize_weight_blocks,
+    pow2_ceil,
+    quantize_weight_blocks,
+)
 from backends.reference.fp8_indexer_logits import quantize_indexer_inputs
 from glm5.moe import Experts
 from quant.formats.fp8 import DEQUANT_AT_LOAD, _matches, fp8_targets
@@ -44,17 +51,26 @@ def fake_quant_latent(kv: torch.Tensor, d_v: int) -> torch.Tensor:
     return torch.cat([deq, kv[..., d_v:].bfloat16().float()], dim=-1)
 
 
-class FP8AttentionBackend:
-    """The inner backend with the indexer and sparse attention in FP8; every other op delegated. Records
-    the indexer's selections (`selections[i]` = the i-th indexer_topk call's indices) for overlap stats."""
+class FP8AttentionBackend(Backend):
+    """The inner backend with the indexer and sparse attention in FP8; every other op is the inner
+    backend's implementation (its op table, run through this front door). Records the indexer's selections
+    (`selections[i]` = the i-th indexer_topk call's indices) for overlap statistics."""
 
-    def __init__(self, inner: Any, fp8: bool = True) -> None:
+    def __init__(self, inner: Backend, fp8: bool = True) -> None:
         self.inner, self.fp8 = inner, fp8
+        self.name, self.device, self.ops = inner.name, inner.device, inner.ops
+        super().__init__()
         self.selections: list[torch.Tensor] = []
         self.fp8_calls: defaultdict[str, int] = defaultdict(int)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    def available(self) -> tuple[bool, str]:
+        return self.inner.available()
+
+    def kernel_calls(self):
+        return self.inner.kernel_calls() + self.calls
+
+    def environment(self) -> dict[str, str]:
+        return self.inner.environment()
 
     def _fp8_indexer(self, q, k_cache, weights):
         d = k_cache.shape[-1]
@@ -81,7 +97,9 @@ class FP8AttentionBackend:
             return self.inner.sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse)
         if kv_cache.shape[-1] == 576 and d_v == 512:
             self.fp8_calls["fp8_sparse_mla_attention"] += 1
-            rows = self.inner.fp8_mla_cache_quant(kv_cache.reshape(-1, 576)).reshape(*kv_cache.shape[:-1], 656)
+            rows = self.inner.fp8_mla_cache_quant(kv_cache.reshape(-1, 576)).reshape(
+                *kv_cache.shape[:-1], 656
+            )
             return self.inner.fp8_sparse_mla_attention(q, rows, indices, layout, sm_scale, d_v, return_lse)
         self.fp8_calls["simulated_fp8_cache"] += 1
         deq = fake_quant_latent(kv_cache, d_v).to(kv_cache.dtype)
@@ -95,7 +113,9 @@ def to_fp8_modules(model: nn.Module, backend: Any, ue8m0: bool = False) -> nn.Mo
         if isinstance(mod, (FP8Linear, FP8Experts)):
             continue
         if _matches(name, DEQUANT_AT_LOAD):  # stored FP8, used de-quantized
-            mod.weight.copy_(dequantize_weight_blocks(*quantize_weight_blocks(mod.weight.cpu())).to(mod.weight))
+            mod.weight.copy_(
+                dequantize_weight_blocks(*quantize_weight_blocks(mod.weight.cpu())).to(mod.weight)
+            )
             continue
         dev = next(mod.parameters()).device
         if isinstance(mod, nn.Linear):
@@ -137,5 +157,11 @@ def fp8_backend(be: Any) -> Any:
     return be if all(be.capabilities(op) for op in FP8_OPS) else backends.get("reference")
 
 
-FP8_OPS = ("fp8_quant_group", "fp8_block_matmul", "fp8_grouped_matmul", "fp8_indexer_topk",
-           "fp8_mla_cache_quant", "fp8_sparse_mla_attention")
+FP8_OPS = (
+    "fp8_quant_group",
+    "fp8_block_matmul",
+    "fp8_grouped_matmul",
+    "fp8_indexer_topk",
+    "fp8_mla_cache_quant",
+    "fp8_sparse_mla_attention",
+)

@@ -26,14 +26,31 @@ def _scale_shape(n: int, k: int) -> tuple[int, int]:
 class FP8Linear(nn.Module):
     """y = W x: fp8_quant_group(x) then fp8_block_matmul, output in x's dtype."""
 
-    def __init__(self, in_features: int, out_features: int, backend: Backend, bias: bool = False,
-                 ue8m0: bool = False, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        backend: Backend,
+        bias: bool = False,
+        ue8m0: bool = False,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
-        self.in_features, self.out_features, self.backend, self.ue8m0 = in_features, out_features, backend, ue8m0
+        self.in_features, self.out_features, self.backend, self.ue8m0 = (
+            in_features,
+            out_features,
+            backend,
+            ue8m0,
+        )
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=E4M3, device=device))
-        self.register_buffer("weight_scale_inv", torch.zeros(*_scale_shape(out_features, in_features),
-                                                             device=device))
+        self.register_buffer(
+            "weight_scale_inv", torch.zeros(*_scale_shape(out_features, in_features), device=device)
+        )
         self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
+
+    def use_backend(self, backend: Backend) -> None:
+        """Compute with `backend` (the model calls this when its backend is set)."""
+        self.backend = backend
 
     def set_fp8(self, w_q: torch.Tensor, scale_inv: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight.copy_(w_q)
@@ -47,7 +64,9 @@ class FP8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         xq, xs = self.backend.fp8_quant_group(x.reshape(-1, shape[-1]), BLOCK, EPS_DEEPSEEK, self.ue8m0)
-        y = self.backend.fp8_block_matmul(xq, xs, self.weight, self.weight_scale_inv, self.bias, out_dtype=x.dtype)
+        y = self.backend.fp8_block_matmul(
+            xq, xs, self.weight, self.weight_scale_inv, self.bias, out_dtype=x.dtype
+        )
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -58,8 +77,14 @@ class FP8Experts(nn.Module):
     """Routed experts with e4m3 weights: gate_proj / up_proj [E, I, D], down_proj [E, D, I], each with its
     `<proj>_scale_inv` [E, ceil(rows/128), ceil(cols/128)]. forward as glm5.moe.Experts."""
 
-    def __init__(self, n_experts: int, hidden: int, inter: int, ue8m0: bool = False,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        n_experts: int,
+        hidden: int,
+        inter: int,
+        ue8m0: bool = False,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         self.n_experts, self.hidden, self.inter, self.ue8m0 = n_experts, hidden, inter, ue8m0
         e, d, i = n_experts, hidden, inter
@@ -75,15 +100,17 @@ class FP8Experts(nn.Module):
         return getattr(self, proj)[e], getattr(self, f"{proj}_scale_inv")[e]
 
     def _gemm(self, be: Backend, xq, xs, proj: str, offsets, dtype) -> torch.Tensor:
-        return be.fp8_grouped_matmul(xq, xs, getattr(self, proj), getattr(self, f"{proj}_scale_inv"), offsets,
-                                     out_dtype=dtype)
+        return be.fp8_grouped_matmul(
+            xq, xs, getattr(self, proj), getattr(self, f"{proj}_scale_inv"), offsets, out_dtype=dtype
+        )
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
         d = moe.dispatch(ids, self.n_experts)
         xq, xs = be.fp8_quant_group(x, BLOCK, EPS_DEEPSEEK, self.ue8m0)  # per-token groups: row order free
         xq, xs = xq[d.token], xs[d.token]
         h = nn.functional.silu(self._gemm(be, xq, xs, "gate_proj", d.offsets, x.dtype)) * self._gemm(
-            be, xq, xs, "up_proj", d.offsets, x.dtype)
+            be, xq, xs, "up_proj", d.offsets, x.dtype
+        )
         hq, hs = be.fp8_quant_group(h, BLOCK, EPS_DEEPSEEK, self.ue8m0)
         return moe.combine(self._gemm(be, hq, hs, "down_proj", d.offsets, x.dtype), w, d).to(x.dtype)
 

@@ -1,4 +1,7 @@
-"""ascend backend: fp8_quant_group (SPEC 7) is declared NotSupported: backends/ascend/fp8_unsupported.py says why."""
+"""ascend backend: fp8_quant_group (SPEC 7) is declared NotSupported.
+
+Why: backends/ascend/fp8_unsupported.py.
+"""
 
 from backends.ascend.fp8_unsupported import declined
 from backends.ops import FLOATS

@@ -30,8 +30,16 @@ def fp8_sparse_mla_attention(
     return_lse: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Semantics: backends/reference/fp8_sparse_mla_attention.py (SPEC 7.7)"""
-    out, lse = _kernel(q, kv_cache, indices, sm_scale, layout.cu_seqlens_q, layout.seqlens_k,
-                       layout.cu_seqlens_k, layout.block_table)
+    out, lse = _kernel(
+        q,
+        kv_cache,
+        indices,
+        sm_scale,
+        layout.cu_seqlens_q,
+        layout.seqlens_k,
+        layout.cu_seqlens_k,
+        layout.block_table,
+    )
     return out, (lse if return_lse else None)
 
 

@@ -1,4 +1,5 @@
-"""FP8 block-scaled GEMM (SPEC 7.2; DeepSeek `fp8_gemm`, DeepGEMM `fp8_gemm_nt`, vLLM `w8a8_block_fp8_matmul`).
+"""FP8 block-scaled GEMM (SPEC 7.2; DeepSeek `fp8_gemm`, DeepGEMM `fp8_gemm_nt`, vLLM
+`w8a8_block_fp8_matmul`).
 
 x_q e4m3 [M, K] with x_scale fp32 [M, ceil(K/128)] (1 x 128 groups); w_q e4m3 [N, K] with
 w_scale_inv fp32 [ceil(N/128), ceil(K/128)] (128 x 128 blocks; a multiplier despite the name).

@@ -32,8 +32,17 @@ def weights(g: torch.Generator, *lead_n_k: int):
     return quantize_weight_blocks(randn(g, *lead_n_k) * 0.05)
 
 
-def indexer_inputs(g, q_lens: Sequence[int], k_lens: Sequence[int], *, h_i=8, d_i=128, block_size=None,
-                   plateau: float | None = None, weights_sign="mixed") -> dict:
+def indexer_inputs(
+    g,
+    q_lens: Sequence[int],
+    k_lens: Sequence[int],
+    *,
+    h_i=8,
+    d_i=128,
+    block_size=None,
+    plateau: float | None = None,
+    weights_sign="mixed",
+) -> dict:
     """FP8 indexer arguments: bf16-valued q / k quantized per head vector and per key (UE8M0, as
     DeepSeek-V3.2 and vLLM), the q scale folded into weights; unused cache rows NaN codes / scales."""
     t = sum(q_lens)
@@ -67,11 +76,20 @@ def indexer_inputs(g, q_lens: Sequence[int], k_lens: Sequence[int], *, h_i=8, d_
     }
 
 
-def mla_cache(g, q_lens: Sequence[int], k_lens: Sequence[int], *, block_size=None) -> tuple[SeqLayout, torch.Tensor]:
+def mla_cache(
+    g, q_lens: Sequence[int], k_lens: Sequence[int], *, block_size=None
+) -> tuple[SeqLayout, torch.Tensor]:
     """A ragged [rows, 656] or paged [nb, bs, 656] FP8 latent cache (FlashMLA decode-test values: randn / 10
     clamped to +-1); every unused byte 0xFF (NaN codes, scales and RoPE)."""
-    layout, kv = kv_layout(g, q_lens, k_lens, 576, "float32", block_size=block_size,
-                           keys=lambda b, n: (randn(g, n, 576) / 10).clamp(-1, 1))
+    layout, kv = kv_layout(
+        g,
+        q_lens,
+        k_lens,
+        576,
+        "float32",
+        block_size=block_size,
+        keys=lambda b, n: (randn(g, n, 576) / 10).clamp(-1, 1),
+    )
     flat = kv.reshape(-1, 576)
     live = torch.isfinite(flat).all(dim=1)
     rows = torch.full((flat.shape[0], 656), NAN_BYTE, dtype=torch.uint8)

@@ -57,14 +57,26 @@ CASES = [
         lambda g, dt: mk(g, 16, 6144, 256, dt, ue8m0=True),
         tags={"shape": "M16 K6144 N256"},
     ),
-    _case("realistic/o_proj_m32_k2048_n384", lambda g, dt: mk(g, 32, 2048, 384, dt), tags={"shape": "M32 K2048 N384"}),
+    _case(
+        "realistic/o_proj_m32_k2048_n384",
+        lambda g, dt: mk(g, 32, 2048, 384, dt),
+        tags={"shape": "M32 K2048 N384"},
+    ),
     _case("adversarial/k_block_scales_2p20_apart", _scale_jumps),
     _case("adversarial/k129_n7_m1", lambda g, dt: mk(g, 1, 129, 7, dt)),
     _case("adversarial/m70_k128_n130", lambda g, dt: mk(g, 70, 128, 130, dt)),
     _case("adversarial/noncontig_views", _noncontig, tags={"layout": "transposed w, strided x"}),
     _case("adversarial/empty_m0", lambda g, dt: mk(g, 0, 256, 128, dt), trivial=True),
-    _case("errors/x_q_bf16", _bad(x_q=lambda a: a["x_q"].bfloat16()), error=(ValueError, r"^x_q: expected dtype")),
-    _case("errors/w_q_int8", _bad(w_q=lambda a: a["w_q"].view(torch.int8)), error=(ValueError, r"^w_q: expected dtype")),
+    _case(
+        "errors/x_q_bf16",
+        _bad(x_q=lambda a: a["x_q"].bfloat16()),
+        error=(ValueError, r"^x_q: expected dtype"),
+    ),
+    _case(
+        "errors/w_q_int8",
+        _bad(w_q=lambda a: a["w_q"].view(torch.int8)),
+        error=(ValueError, r"^w_q: expected dtype"),
+    ),
     _case(
         "errors/x_scale_per_token",
         _bad(x_scale=lambda a: a["x_scale"][:, 0]),
@@ -75,8 +87,16 @@ CASES = [
         _bad(w_scale_inv=lambda a: torch.ones(128)),
         error=(ValueError, r"^w_scale_inv: expected shape \[1, 2\]"),
     ),
-    _case("errors/k_mismatch", _bad(w_q=lambda a: a["w_q"][:, :128]), error=(ValueError, r"^w_q: expected shape")),
-    _case("errors/out_dtype_fp8", _bad(out_dtype=torch.float8_e4m3fn), error=(ValueError, r"^out_dtype: expected")),
+    _case(
+        "errors/k_mismatch",
+        _bad(w_q=lambda a: a["w_q"][:, :128]),
+        error=(ValueError, r"^w_q: expected shape"),
+    ),
+    _case(
+        "errors/out_dtype_fp8",
+        _bad(out_dtype=torch.float8_e4m3fn),
+        error=(ValueError, r"^out_dtype: expected"),
+    ),
 ]
 
 

@@ -27,8 +27,14 @@ def mk(g, counts: Sequence[int], k: int, n: int, dt, *, ue8m0=True):
     m = sum(counts)
     x_q, x_s = activations(g, m, k, ue8m0=ue8m0)
     w_q, w_s = weights(g, len(counts), n, k)
-    return {"x_q": x_q, "x_scale": x_s, "w_q": w_q, "w_scale_inv": w_s, "group_offsets": offsets(counts),
-            "out_dtype": tdtype(dt)}
+    return {
+        "x_q": x_q,
+        "x_scale": x_s,
+        "w_q": w_q,
+        "w_scale_inv": w_s,
+        "group_offsets": offsets(counts),
+        "out_dtype": tdtype(dt),
+    }
 
 
 def _bad(**over):
@@ -55,8 +61,10 @@ CASES = [
     _case("adversarial/one_expert_takes_all", lambda g, dt: mk(g, [0, 0, 40, 0], 384, 128, dt)),
     _case("adversarial/one_row_experts", lambda g, dt: mk(g, [1] * 9, 128, 144, dt)),
     _case("adversarial/all_experts_empty", lambda g, dt: mk(g, [0, 0, 0], 256, 128, dt), trivial=True),
-    _case("adversarial/int64_offsets", lambda g, dt: mk(g, [3, 5], 256, 128, dt)
-          | {"group_offsets": offsets([3, 5], torch.int64)}),
+    _case(
+        "adversarial/int64_offsets",
+        lambda g, dt: mk(g, [3, 5], 256, 128, dt) | {"group_offsets": offsets([3, 5], torch.int64)},
+    ),
     _case("errors/w_q_2d", _bad(w_q=lambda a: a["w_q"][0]), error=(ValueError, r"^w_q: expected 3 dims")),
     _case(
         "errors/w_scale_inv_shape",
@@ -68,7 +76,9 @@ CASES = [
         _bad(group_offsets=lambda a: a["group_offsets"][:3]),
         error=(ValueError, r"^group_offsets: expected shape"),
     ),
-    _case("errors/x_q_float", _bad(x_q=lambda a: a["x_q"].float()), error=(ValueError, r"^x_q: expected dtype")),
+    _case(
+        "errors/x_q_float", _bad(x_q=lambda a: a["x_q"].float()), error=(ValueError, r"^x_q: expected dtype")
+    ),
 ]
 
 
@@ -80,6 +90,10 @@ def batch_subset(args: dict) -> Subset:
         return None
     idx = torch.tensor(keep)
     counts = [offs[e + 1] - (offs[e] + offs[e + 1]) // 2 for e in range(len(offs) - 1)]
-    sub = dict(args, x_q=args["x_q"][idx], x_scale=args["x_scale"][idx],
-               group_offsets=offsets(counts, args["group_offsets"].dtype))
+    sub = dict(
+        args,
+        x_q=args["x_q"][idx],
+        x_scale=args["x_scale"][idx],
+        group_offsets=offsets(counts, args["group_offsets"].dtype),
+    )
     return sub, lambda out: pick_rows(out, lambda t: t[idx])

@@ -41,10 +41,16 @@ CASES = [
     _case("adversarial/wide_range", lambda g, dt: mk(g, 9, dt, scale=30.0)),
     _case("adversarial/strided_kv", lambda g, dt: {"kv": strided(mk(g, 7, dt)["kv"])}),
     _case("adversarial/empty_n0", lambda g, dt: mk(g, 0, dt), trivial=True),
-    _case("errors/kv_width", lambda g, dt: {"kv": mk(g, 3, dt)["kv"][:, :512]},
-          error=(ValueError, r"^kv: expected shape \[N, 576\]")),
-    _case("errors/kv_int", lambda g, dt: {"kv": mk(g, 3, dt)["kv"].to(torch.int32)},
-          error=(ValueError, r"^kv: expected dtype")),
+    _case(
+        "errors/kv_width",
+        lambda g, dt: {"kv": mk(g, 3, dt)["kv"][:, :512]},
+        error=(ValueError, r"^kv: expected shape \[N, 576\]"),
+    ),
+    _case(
+        "errors/kv_int",
+        lambda g, dt: {"kv": mk(g, 3, dt)["kv"].to(torch.int32)},
+        error=(ValueError, r"^kv: expected dtype"),
+    ),
 ]
 
 

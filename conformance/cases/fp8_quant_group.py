@@ -56,17 +56,26 @@ def _bad(**over):
 CASES = [
     _case("smoke/m4_k256", lambda g, dt: mk(g, 4, 256, dt), tags={"shape": "M4 K256"}),
     _case("smoke/m3_k200_partial_group_ue8m0", lambda g, dt: mk(g, 3, 200, dt, ue8m0=True)),
-    _case("realistic/m64_k6144_ue8m0", lambda g, dt: mk(g, 64, 6144, dt, ue8m0=True), tags={"shape": "M64 K6144"}),
+    _case(
+        "realistic/m64_k6144_ue8m0",
+        lambda g, dt: mk(g, 64, 6144, dt, ue8m0=True),
+        tags={"shape": "M64 K6144"},
+    ),
     _case("realistic/m32_k2048_vllm_eps", lambda g, dt: mk(g, 32, 2048, dt, eps=1e-10)),
     _case("adversarial/e4m3_ties_and_every_value", _ties, dtypes=("float32",)),
     _case("adversarial/zero_and_tiny_groups", _zero_and_tiny),
-    _case("adversarial/twelve_decades", lambda g, dt: mk(g, 13, 384, dt, decades=(-6, 4), eps=1e-10),
-          dtypes=("float32", "bfloat16")),
+    _case(
+        "adversarial/twelve_decades",
+        lambda g, dt: mk(g, 13, 384, dt, decades=(-6, 4), eps=1e-10),
+        dtypes=("float32", "bfloat16"),
+    ),
     _case("adversarial/group_64_k100", lambda g, dt: mk(g, 5, 100, dt, group_size=64)),
     _case("adversarial/k1", lambda g, dt: mk(g, 6, 1, dt)),
     _case("adversarial/strided_x", lambda g, dt: mk(g, 6, 256, dt) | {"x": strided(mk(g, 6, 256, dt)["x"])}),
     _case("adversarial/empty_m0", lambda g, dt: mk(g, 0, 128, dt), trivial=True),
-    _case("errors/x_int8", _bad(x=lambda a: a["x"].to(torch.int8)), error=(ValueError, r"^x: expected dtype")),
+    _case(
+        "errors/x_int8", _bad(x=lambda a: a["x"].to(torch.int8)), error=(ValueError, r"^x: expected dtype")
+    ),
     _case("errors/x_1d", _bad(x=lambda a: a["x"][0]), error=(ValueError, r"^x: expected 2 dims")),
     _case("errors/eps_zero", _bad(eps=0.0), error=(ValueError, r"^eps: expected a positive")),
     _case("errors/group_size_zero", _bad(group_size=0), error=(ValueError, r"^group_size: expected")),

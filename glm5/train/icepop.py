@@ -35,9 +35,17 @@ class IcePopStats:
     mismatch_max: float
 
 
-def icepop_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_rollout: torch.Tensor,
-                advantages: torch.Tensor, mask: torch.Tensor | None = None, *, beta: float = BETA,
-                clip_low: float = CLIP_LOW, clip_high: float = CLIP_HIGH) -> tuple[torch.Tensor, IcePopStats]:
+def icepop_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_rollout: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    beta: float = BETA,
+    clip_low: float = CLIP_LOW,
+    clip_high: float = CLIP_HIGH,
+) -> tuple[torch.Tensor, IcePopStats]:
     """logp: [B, N] log pi_theta of the sampled tokens (differentiable); logp_old: the training policy's
     log-probs when the batch was sampled; logp_rollout: the rollout engine's; advantages: [B, N] or [B];
     mask: [B, N] response tokens (default all). Returns (loss, stats)."""

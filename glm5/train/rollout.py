@@ -164,7 +164,9 @@ def rollout_check(
         out["topk_overlap"] = topk_overlap(model, policy, full)
         out["fp8_calls"] = dict(policy.backend.fp8_calls)
         be = policy.backend.inner
-        out["fp8_backend"] = be.name + ("" if be is model.backend else f" ({model.backend.name} has no FP8 ops)")
+        out["fp8_backend"] = be.name + (
+            "" if be is model.backend else f" ({model.backend.name} has no FP8 ops)"
+        )
     return out
 
 

@@ -25,8 +25,8 @@ from torch import nn
 
 from backends.reference.fp8_format import BLOCK, E4M3, dequantize_weight_blocks, quantize_weight_blocks
 from glm5.moe import Experts
-from quant.fp8_modules import EXPERT_PROJS, FP8Experts, FP8Linear
 from quant.formats.common import TensorReader, write_checkpoint
+from quant.fp8_modules import EXPERT_PROJS, FP8Experts, FP8Linear
 
 FORMAT = "fp8"
 SCALE_SUFFIX = "_scale_inv"
@@ -37,8 +37,13 @@ DEQUANT_AT_LOAD = ("*.self_attn.kv_b_proj",)
 
 
 def quantization_config(ue8m0: bool = False) -> dict[str, Any]:
-    qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [BLOCK, BLOCK],
-          "modules_to_not_convert": list(KEEP_BF16)}
+    qc = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [BLOCK, BLOCK],
+        "modules_to_not_convert": list(KEEP_BF16),
+    }
     if ue8m0:
         qc["scale_fmt"] = "ue8m0"
     return qc
@@ -49,11 +54,15 @@ def check_config(qc: dict[str, Any]) -> bool:
     if qc.get("quant_method") != "fp8":
         raise ValueError(f"quantization_config.quant_method: expected 'fp8', got {qc.get('quant_method')!r}")
     if list(qc.get("weight_block_size") or []) != [BLOCK, BLOCK]:
-        raise ValueError(f"quantization_config.weight_block_size: expected [128, 128], got "
-                         f"{qc.get('weight_block_size')!r} (per-tensor FP8 is not this format)")
+        raise ValueError(
+            f"quantization_config.weight_block_size: expected [128, 128], got "
+            f"{qc.get('weight_block_size')!r} (per-tensor FP8 is not this format)"
+        )
     if qc.get("fmt", "e4m3") != "e4m3" or qc.get("activation_scheme", "dynamic") != "dynamic":
-        raise ValueError("quantization_config: expected fmt e4m3 with dynamic activations, got "
-                         f"fmt={qc.get('fmt')!r}, activation_scheme={qc.get('activation_scheme')!r}")
+        raise ValueError(
+            "quantization_config: expected fmt e4m3 with dynamic activations, got "
+            f"fmt={qc.get('fmt')!r}, activation_scheme={qc.get('activation_scheme')!r}"
+        )
     return qc.get("scale_fmt") == "ue8m0"
 
 
@@ -63,8 +72,11 @@ def _matches(name: str, patterns: tuple[str, ...]) -> bool:
 
 def fp8_targets(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(module name, module) of every linear / routed-experts module stored FP8."""
-    return [(n, m) for n, m in model.named_modules()
-            if isinstance(m, (nn.Linear, Experts, FP8Linear, FP8Experts)) and not _matches(n, KEEP_BF16)]
+    return [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, (nn.Linear, Experts, FP8Linear, FP8Experts)) and not _matches(n, KEEP_BF16)
+    ]
 
 
 def inventory_plan(model: nn.Module) -> dict[str, Any]:
@@ -95,11 +107,14 @@ def export(model: nn.Module, path: Path, ue8m0: bool = False) -> None:
     for name, mod in fp8_targets(model):
         if isinstance(mod, FP8Linear):
             tensors.pop(f"{name}.weight_scale_inv", None)
-            tensors[f"{name}.weight"], tensors[f"{name}.weight{SCALE_SUFFIX}"] = mod.weight.cpu(), \
-                mod.weight_scale_inv.cpu()
+            tensors[f"{name}.weight"], tensors[f"{name}.weight{SCALE_SUFFIX}"] = (
+                mod.weight.cpu(),
+                mod.weight_scale_inv.cpu(),
+            )
         elif isinstance(mod, nn.Linear):
             tensors[f"{name}.weight"], tensors[f"{name}.weight{SCALE_SUFFIX}"] = quantize_weight_blocks(
-                mod.weight.detach().cpu())
+                mod.weight.detach().cpu()
+            )
         else:
             for e in range(mod.n_experts if isinstance(mod, FP8Experts) else mod.gate_proj.shape[0]):
                 for p in EXPERT_PROJS:
@@ -110,8 +125,11 @@ def export(model: nn.Module, path: Path, ue8m0: bool = False) -> None:
                     else:
                         q, s = quantize_weight_blocks(getattr(mod, p)[e].detach().cpu())
                     tensors[f"{key}.weight"], tensors[f"{key}.weight{SCALE_SUFFIX}"] = q, s
-    tensors = {k: v.contiguous().clone() for k, v in tensors.items() if not k.endswith("_scale_inv") or
-               k.endswith(f".weight{SCALE_SUFFIX}")}
+    tensors = {
+        k: v.contiguous().clone()
+        for k, v in tensors.items()
+        if not k.endswith("_scale_inv") or k.endswith(f".weight{SCALE_SUFFIX}")
+    }
     cfg = model.config.to_dict()
     cfg["dtype"] = str(model.dtype).removeprefix("torch.")
     cfg["quantization_config"] = quantization_config(ue8m0)
@@ -147,8 +165,13 @@ def dequantized_state(path: str | Path, dtype: torch.dtype = torch.bfloat16):
 
 
 @torch.no_grad()
-def load_fp8(path: str | Path, backend: Any = None, dtype: torch.dtype | None = None, cls: type | None = None,
-             fp8_modules: bool = True) -> nn.Module:
+def load_fp8(
+    path: str | Path,
+    backend: Any = None,
+    dtype: torch.dtype | None = None,
+    cls: type | None = None,
+    fp8_modules: bool = True,
+) -> nn.Module:
     """Build `cls` (GLM5ForCausalLM) from an FP8 checkpoint. fp8_modules=True: FP8Linear / FP8Experts on
     the backend's FP8 ops (the format served as published); False: every weight de-quantized to `dtype`
     (a float model, e.g. the source of `glm5 quantize`)."""
@@ -160,7 +183,8 @@ def load_fp8(path: str | Path, backend: Any = None, dtype: torch.dtype | None = 
     raw = read_config(path)
     ue8m0 = check_config(raw.get("quantization_config") or {})
     dtype = dtype or {"float32": torch.float32, "float16": torch.float16}.get(
-        str(raw.get("dtype") or raw.get("torch_dtype")), torch.bfloat16)
+        str(raw.get("dtype") or raw.get("torch_dtype")), torch.bfloat16
+    )
     reader = DequantizingReader(path, dtype)
     config = without_absent_mtp(GLM5Config.from_dict(raw), reader.where, path)
     cls = cls or GLM5ForCausalLM
@@ -172,7 +196,9 @@ def load_fp8(path: str | Path, backend: Any = None, dtype: torch.dtype | None = 
             if _matches(name, DEQUANT_AT_LOAD):
                 continue
             if isinstance(mod, nn.Linear):
-                new = FP8Linear(mod.in_features, mod.out_features, model.backend, mod.bias is not None, ue8m0, "meta")
+                new = FP8Linear(
+                    mod.in_features, mod.out_features, model.backend, mod.bias is not None, ue8m0, "meta"
+                )
             else:
                 e, i, d = mod.gate_proj.shape
                 new = FP8Experts(e, d, i, ue8m0, "meta")
@@ -193,8 +219,11 @@ def _fill(model: nn.Module, reader: DequantizingReader, swapped: dict[str, nn.Mo
     raw = reader._raw
     for name, mod in swapped.items():
         if isinstance(mod, FP8Linear):
-            mod.set_fp8(raw.get(f"{name}.weight"), raw.get(f"{name}.weight{SCALE_SUFFIX}"),
-                        raw.get(f"{name}.bias") if mod.bias is not None else None)
+            mod.set_fp8(
+                raw.get(f"{name}.weight"),
+                raw.get(f"{name}.weight{SCALE_SUFFIX}"),
+                raw.get(f"{name}.bias") if mod.bias is not None else None,
+            )
             for t in ("weight", f"weight{SCALE_SUFFIX}", "bias"):
                 reader.used.add(f"{name}.{t}")
         else:

@@ -42,11 +42,18 @@ def test_layout_is_the_published_one(fp8_dir):
     qc = json.loads((fp8_dir / "config.json").read_text())["quantization_config"]
     assert qc["quant_method"] == "fp8" and qc["weight_block_size"] == [128, 128] and qc["fmt"] == "e4m3"
     t = _tensors(fp8_dir)
-    w, s = t["model.layers.1.mlp.experts.3.down_proj.weight"], t["model.layers.1.mlp.experts.3.down_proj.weight_scale_inv"]
+    w, s = (
+        t["model.layers.1.mlp.experts.3.down_proj.weight"],
+        t["model.layers.1.mlp.experts.3.down_proj.weight_scale_inv"],
+    )
     assert w.dtype == torch.float8_e4m3fn and s.dtype == torch.float32 and s.shape == (1, 1)
     assert t["model.layers.0.self_attn.kv_b_proj.weight"].dtype == torch.float8_e4m3fn
-    for kept in ("model.embed_tokens.weight", "model.layers.1.mlp.gate.weight",
-                 "model.layers.0.self_attn.indexer.weights_proj.weight", "model.layers.0.input_layernorm.weight"):
+    for kept in (
+        "model.embed_tokens.weight",
+        "model.layers.1.mlp.gate.weight",
+        "model.layers.0.self_attn.indexer.weights_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+    ):
         assert t[kept].dtype != torch.float8_e4m3fn and kept + "_scale_inv" not in t
     assert "model.layers.1.mlp.gate.e_score_correction_bias" in t
     assert detect_format(fp8_dir) == "fp8"
@@ -98,13 +105,29 @@ def test_glm5_quantize_from_an_fp8_source(fp8_dir, tmp_path):
     from glm5.cli import main
 
     out = tmp_path / "w8a8"
-    args = ["quantize", "--model", str(fp8_dir), "--recipe", "glm5-w8a8", "--format", "modelslim",
-            "--out", str(out), "--calib-seqs", "0", "--quiet"]
+    args = [
+        "quantize",
+        "--model",
+        str(fp8_dir),
+        "--recipe",
+        "glm5-w8a8",
+        "--format",
+        "modelslim",
+        "--out",
+        str(out),
+        "--calib-seqs",
+        "0",
+        "--quiet",
+    ]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     x = ids(1, 24)
     src = fp8.load_fp8(fp8_dir, backend="reference", dtype=torch.float32, fp8_modules=False)
-    assert _cos(_logits(load_quantized(out, backend="reference", dtype=torch.float32), x), _logits(src, x)) >= 0.99
-    again = CliRunner().invoke(main, ["quantize", "--model", str(out), "--format", "fp8", "--out",
-                                      str(tmp_path / "x"), "--quiet"])
+    assert (
+        _cos(_logits(load_quantized(out, backend="reference", dtype=torch.float32), x), _logits(src, x))
+        >= 0.99
+    )
+    again = CliRunner().invoke(
+        main, ["quantize", "--model", str(out), "--format", "fp8", "--out", str(tmp_path / "x"), "--quiet"]
+    )
     assert again.exit_code == 2 and "already quantized (modelslim)" in again.output

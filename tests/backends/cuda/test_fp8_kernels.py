@@ -91,7 +91,9 @@ def test_grouped_matmul_matches_reference(cuda, device):
     offs = torch.tensor([0, 7, 7, 19, 20], dtype=torch.int32)
     args = [t.to(device) for t in (x_q, x_s, w_q, w_s, offs)]
     out = cuda.fp8_grouped_matmul(*args, torch.float32)
-    torch.testing.assert_close(out.cpu(), ref_grouped(x_q, x_s, w_q, w_s, offs, torch.float32), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        out.cpu(), ref_grouped(x_q, x_s, w_q, w_s, offs, torch.float32), rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -103,7 +105,9 @@ def test_indexer_logits_and_topk(cuda, device, paged):
     layout = SeqLayout.from_lengths(q_lens, k_lens)
     if paged:
         bs = 16
-        paged_layout = SeqLayout.from_lengths(q_lens, k_lens, block_size=bs, block_order=list(range(40))[::-1])
+        paged_layout = SeqLayout.from_lengths(
+            q_lens, k_lens, block_size=bs, block_order=list(range(40))[::-1]
+        )
         cache = torch.zeros(40, bs, 128).to(torch.float8_e4m3fn)
         scale = torch.full((40, bs), float("nan"))
         for b, (_, _, s) in enumerate(layout.request_bounds()):
@@ -133,8 +137,9 @@ def test_sparse_mla_on_fp8_cache(cuda, device, dt):
     q = torch.randn(3, 16, 576, generator=g).clamp(-1, 1).to(dt)
     idx = torch.randint(-1, 130, (3, 64), generator=g).to(torch.int32)
     idx[2] = -1
-    out, lse = cuda.fp8_sparse_mla_attention(q.to(device), cache.to(device), idx.to(device), layout.to(device),
-                                             0.04, 512)
+    out, lse = cuda.fp8_sparse_mla_attention(
+        q.to(device), cache.to(device), idx.to(device), layout.to(device), 0.04, 512
+    )
     r_out, r_lse = ref_attn(q, cache, idx, layout, 0.04, 512)
     rtol, atol = (3e-5, 1e-5) if dt == torch.float32 else (3 / 128, 8e-4)
     torch.testing.assert_close(out.cpu().float(), r_out.float(), rtol=rtol, atol=atol)

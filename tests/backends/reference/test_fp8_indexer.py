@@ -48,7 +48,7 @@ def test_ragged_matches_deepgemm_reference():
     ref = deepgemm_mqa_logits(q8, k8, ks, w8, *_windows(q_lens, k_lens))
     # DeepGEMM's logits are over the concatenated keys; ours are per request (column = logical position)
     c = 0
-    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
+    for q0, q1, s in layout.request_bounds():
         mine, theirs = ours[q0:q1, :s].double(), ref[q0:q1, c : c + s]
         assert torch.equal(torch.isinf(mine), torch.isinf(theirs))
         fin = torch.isfinite(theirs)
@@ -63,7 +63,9 @@ def test_paged_equals_ragged_and_fp8_error_against_fp32_is_small():
     q, k, w, ragged = _inputs(g, q_lens, k_lens, h=32)
     q8, k8, ks, w8 = quantize_indexer_inputs(q, k, w)
     bs = 64
-    paged = SeqLayout.from_lengths(q_lens, k_lens, block_size=bs, block_order=[5, 0, 3, 1, 4, 2][::-1] + list(range(6, 50)))
+    paged = SeqLayout.from_lengths(
+        q_lens, k_lens, block_size=bs, block_order=[5, 0, 3, 1, 4, 2][::-1] + list(range(6, 50))
+    )
     nb = 50
     cache = torch.zeros(nb, bs, 128).to(torch.float8_e4m3fn)
     scale = torch.full((nb, bs), float("nan"))

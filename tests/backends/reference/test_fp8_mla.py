@@ -71,7 +71,7 @@ def test_paged_attention_matches_flashmla_reference():
     t, h, topk = 3, 16, 2048
     q = torch.randn(t, h, 576, generator=g).clamp(-1, 1).bfloat16()
     idx = torch.full((t, topk), -1, dtype=torch.int32)
-    for row, (b, n) in enumerate([(0, 2299), (0, 2300), (1, 1200)]):
+    for row, n in enumerate([2299, 2300, 1200]):
         take = torch.randperm(n, generator=g)[: min(topk, n)]
         idx[row, : take.numel()] = take.to(torch.int32)
     idx[2, :] = -1  # one all-invalid row

@@ -28,7 +28,9 @@ def test_popped_and_clipped_tokens_carry_no_gradient():
     g = logp.grad[0]
     assert g[0] == 0 and g[1] == 0 and g[2] == 0 and g[3] != 0
     assert math.isclose(g[3].item(), -(0.55 / 0.5) / 4, rel_tol=1e-5)  # d(-r A / n)/d logp = -r A / n
-    assert stats.popped == 0.25 and stats.clipped == 0.5 and math.isclose(stats.mismatch_max, 5.0, rel_tol=1e-5)
+    assert (
+        stats.popped == 0.25 and stats.clipped == 0.5 and math.isclose(stats.mismatch_max, 5.0, rel_tol=1e-5)
+    )
 
 
 def test_group_advantages_standardise_per_prompt():
