@@ -8,7 +8,9 @@ from glm5.generate import generate, generate_speculative
 from tests.glm5._util import make_model, random_ids
 
 S = 40  # > 2 * index_topk: the indexer really selects
-N_NEW = 3  # new tokens of the cross-backend greedy check
+# the cross-backend greedy check: a 24-token prompt (> index_topk = 16, so the indexer selects for the
+# later prompt queries and every decode step) and 3 new tokens
+S_GREEDY, N_NEW = 24, 3
 
 
 def _decode_logits(model, ids, cache):
@@ -140,10 +142,10 @@ def test_backend_generates_reference_greedy_tokens(tiny, tmp_path, name):
     tiny.save_pretrained(tmp_path / "ckpt")
     # requires_grad off: inference-only backends refuse weights that would need a backward
     model = type(tiny).from_pretrained(tmp_path / "ckpt", backend=name).requires_grad_(False)
-    ids = random_ids(1, S, seed=9)
-    # 3 new tokens: prefill, then decode steps at positions 40 and 41, the first in a fresh paged block
-    # (40 = 10 blocks of 4), and one MTP draft/verify round; under Triton's interpreter every token is
-    # ~15 s, and 8 tokens made this the slowest test of the whole tox run (762 s) for no extra path
+    ids = random_ids(1, S_GREEDY, seed=9)
+    # prefill, decode steps at positions 24 and 25 (the first in a fresh paged block: 24 = 6 blocks of
+    # 4) and an MTP draft/verify round: every path of the check. Under Triton's interpreter the prefill
+    # dominates; a 40-token prompt and 8 new tokens made this the slowest test of the tox run
     want = generate(tiny, ids, N_NEW).tokens
     dev_ids = ids.to(model.backend.device)
     assert generate(model, dev_ids, N_NEW).tokens == want
