@@ -16,109 +16,21 @@ Semantics of every op: backends/reference/<op>.py (docs/spec.md section 2).
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import weakref
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from backends.layout import SeqLayout
-
-if TYPE_CHECKING:
-    from backends.interface import Backend
-
-NAMESPACE = "glm5"
-
-_live: weakref.WeakValueDictionary[str, Backend] = weakref.WeakValueDictionary()
-_live_lock = threading.Lock()
-
-
-def register_instance(backend: Backend) -> str:
-    """The key custom ops use to reach this backend instance (held weakly)."""
-    key = f"{backend.name}@{id(backend):x}"
-    with _live_lock:
-        _live[key] = backend
-    return key
-
-
-def instance(key: str) -> Backend:
-    be = _live.get(key)
-    if be is None:
-        raise RuntimeError(f"backend instance {key!r} no longer exists (a graph outlived its backend?)")
-    return be
-
-
-def _layout(cu_q: Tensor, seqlens_k: Tensor, cu_k: Tensor | None, bt: Tensor | None, max_k: int) -> SeqLayout:
-    return SeqLayout(cu_q, seqlens_k, cu_k, bt, max_k if max_k >= 0 else None, trusted=True)
-
-
-def layout_args(layout: SeqLayout) -> tuple:
-    """A SeqLayout as custom-op arguments: its four tensors and max_seqlen_k (-1 if unknown)."""
-    return (*layout.tensors(), -1 if layout.max_seqlen_k is None else layout.max_seqlen_k)
-
-
-def _storages(ts: Sequence[Any]) -> set[int]:
-    return {t.untyped_storage().data_ptr() for t in ts if isinstance(t, Tensor) and t.numel()}
-
-
-def _fresh(result: Any, inputs: dict[str, Any]) -> Any:
-    """Custom-op outputs may not alias inputs (functionalization relies on it): copy any that do."""
-    outs = result if isinstance(result, tuple) else (result,)
-    ins = _storages(list(inputs.values()))
-    fixed = tuple(
-        o.clone() if isinstance(o, Tensor) and o.numel() and _storages([o]) & ins else o for o in outs
-    )
-    return fixed if isinstance(result, tuple) else fixed[0]
-
-
-def _run(key: str, op: str, args: dict[str, Any]) -> Any:
-    return _fresh(instance(key).run(op, args), args)
-
-
-@contextlib.contextmanager
-def _autograd_inside_op():
-    """Autograd inside a custom op's implementation: the dispatcher excludes the autograd keys below an
-    op's autograd kernel, so a backward that recomputes its forward under autograd turns them back on."""
-    key = torch._C.DispatchKey.AutogradFunctionality
-    was = torch._C._dispatch_tls_is_dispatch_key_excluded(key)
-    torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
-    try:
-        with torch.enable_grad():
-            yield
-    finally:
-        torch._C._dispatch_tls_set_dispatch_key_excluded(key, was)
-
-
-def _grads(
-    key: str, op: str, args: dict[str, Any], grad_outputs: Sequence[Tensor | None], wrt: Sequence[str]
-):
-    """Gradients of the backend's forward w.r.t. `wrt`, by recomputing it under autograd."""
-    be = instance(key)
-    with _autograd_inside_op():
-        leaves = {n: args[n].detach().requires_grad_() for n in wrt}
-        out = be.run(op, {**args, **leaves}, phase="backward")
-        outs = out if isinstance(out, tuple) else (out,)
-        pairs = [
-            (o, g)
-            for o, g in zip(outs, grad_outputs)
-            if g is not None and isinstance(o, Tensor) and o.requires_grad and g.numel()
-        ]
-    got = (
-        torch.autograd.grad(
-            [o for o, _ in pairs], list(leaves.values()), [g for _, g in pairs], allow_unused=True
-        )
-        if pairs
-        else [None] * len(wrt)
-    )
-    return tuple(torch.zeros_like(leaves[n]) if g is None else g.detach() for n, g in zip(wrt, got))
-
-
-def _lib_op(name: str):
-    return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=())
-
+from backends.custom_op import (  # noqa: F401  (re-exported for the FP8 registrations and the interface)
+    NAMESPACE,
+    _grads,
+    _layout,
+    _lib_op,
+    _run,
+    instance,
+    layout_args,
+    register_instance,
+)
 
 # -- indexer_logits (SPEC 2.1) ---------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ Builder = Callable[[torch.Generator, str], dict[str, Any]]
 
 @dataclass(frozen=True)
 class Output:
-    """One output of an op and the comparator that judges it (`conformance.compare.COMPARATORS`).
+    """One output of an op and the comparator that judges it (`conformance.comparators.COMPARATORS`).
     `params` override the comparator's dtype defaults for this case (SPEC 4 numbers live there)."""
 
     name: str

@@ -297,23 +297,3 @@ COMPARATORS: dict[str, Callable[..., Check]] = {
     "reduction": reduction,
     "grad": by_dtype(GRAD_TOL, global_max=5e-5),
 }
-
-
-def compare(
-    output: str,
-    comparator: str,
-    actual: Any,
-    expected: torch.Tensor,
-    ctx: Context,
-    params: Mapping[str, float] | None = None,
-) -> Check:
-    from conformance import fp8_compare, topk_contract  # the top-k comparators need reference ops
-
-    if expected is None:  # an output the call asked not to get (sparse_mla_attention, return_lse=False)
-        ok = actual is None
-        why = "" if ok else f"{output}: not requested, expected None, got {type(actual).__name__}"
-        return Check(output, ok, why)
-    table = COMPARATORS | topk_contract.COMPARATORS | fp8_compare.COMPARATORS
-    if comparator not in table:
-        raise KeyError(f"unknown comparator {comparator!r}; known: {sorted(table)}")
-    return table[comparator](output, actual, expected, ctx, **dict(params or {}))

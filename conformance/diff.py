@@ -26,7 +26,8 @@ import torch
 from backends.errors import NotSupported
 from backends.interface import Backend
 from conformance.case import Case, args_to, clone_args, host_outputs
-from conformance.compare import COMPARATORS, Context, compare
+from conformance.comparators import COMPARATORS, compare
+from conformance.compare import Context
 from conformance.result import describe
 
 TOPK_OPS = ("topk", "indexer_topk")

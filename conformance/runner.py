@@ -24,7 +24,8 @@ from backends.interface import Backend
 from backends.ops import OPS
 from conformance import cases as case_registry
 from conformance.case import Case, args_to, clone_args, host_outputs, outputs, snapshot, summarize
-from conformance.compare import Check, Context, bitwise, compare
+from conformance.comparators import compare
+from conformance.compare import Check, Context, bitwise
 from conformance.manifest import Manifest, load
 from conformance.result import ERROR, FAIL, PASS, SKIPPED, UNSUPPORTED, XFAIL, XPASS, Result, describe, repro
 

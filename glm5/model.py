@@ -164,12 +164,20 @@ class GLM5ForCausalLM(nn.Module):
         strict: bool = True,
     ) -> GLM5ForCausalLM:
         """Load a Hugging Face `glm_moe_dsa` directory (config.json + safetensors, sharded or not), or a
-        quantized export of one (compressed-tensors or msModelSlim, see quant/)."""
-        from glm5.checkpoint import load_pretrained
-        from quant.load import is_quantized, load_quantized  # quantization is applied from outside the model
+        quantized export of one (compressed-tensors, msModelSlim, FP8: read by the checkpoint-format
+        plugins of glm5/formats.py, which `quant` provides)."""
+        from glm5 import formats
+        from glm5.checkpoint import CheckpointError, load_pretrained
 
-        if is_quantized(path):
-            return load_quantized(path, backend=backend, dtype=dtype, cls=cls)
+        fmt = formats.claiming(path)
+        if fmt is not None:
+            return fmt.load(path, backend=backend, dtype=dtype, cls=cls)
+        if formats.looks_quantized(path):
+            raise CheckpointError(
+                f"path: {path} is a quantized checkpoint (config.json has quantization_config) that no "
+                f"installed checkpoint-format plugin reads (entry points {formats.ENTRY_POINT_GROUP!r}: "
+                f"{[f.name for f in formats.installed()]}); reinstall the project (pip install -e .)"
+            )
         return load_pretrained(cls, path, backend, dtype, strict)
 
     def save_pretrained(self, path: str | Path, max_shard_size: int = 5 << 30) -> None:

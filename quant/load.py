@@ -84,3 +84,20 @@ def load_quantized(path: str | Path, backend: Backend | str | None = None, dtype
     model.prepare_weights()  # the backend lays the loaded weights out once
     model.quant_plan = plan
     return model.eval()
+
+
+class _QuantizedFormats:
+    """The `glm5.checkpoint_formats` entry point: every format this package reads (glm5/formats.py)."""
+
+    name = "quant (compressed-tensors, msModelSlim, FP8)"
+
+    @staticmethod
+    def detect(path: Path) -> bool:
+        return is_quantized(path)
+
+    @staticmethod
+    def load(path, backend=None, dtype=None, cls=None):
+        return load_quantized(path, backend=backend, dtype=dtype, cls=cls)
+
+
+CHECKPOINT_FORMAT = _QuantizedFormats()

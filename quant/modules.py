@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from backends import Backend, moe
-from backends.reference.w4a8_matmul import pack_int4, unpack_int4
+from backends.formats import pack_int4, unpack_int4
 from quant.recipe import W4A8, W8A8, Scheme
 
 

@@ -90,7 +90,8 @@ def for_backend(
         caps = backend.capabilities(op)
         if caps is None or not caps.limits:
             continue
-        for c, dt in limit_cases(op, caps.limits, caps.dtypes):
+        outputs = next((c.outputs for c in cases(op) if c.outputs), ())
+        for c, dt in limit_cases(op, caps.limits, caps.dtypes, outputs):
             if (case_glob and not fnmatch.fnmatchcase(c.id, case_glob)) or (
                 want is not None and dt not in want
             ):

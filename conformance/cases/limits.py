@@ -182,25 +182,18 @@ def _builder(op: str, q: str, v: int, variant: str) -> Callable[[torch.Generator
     return _gemm(op, q, v, variant)
 
 
-def _outputs(op: str) -> tuple[Output, ...]:
-    from conformance.cases import cases
-
-    for c in cases(op):  # the op's own comparators, from its first non-error case
-        if c.outputs:
-            return c.outputs
-    return ()
-
-
 def _elements(args: dict[str, Any]) -> int:
     return sum(t.numel() for t in args.values() if isinstance(t, torch.Tensor))
 
 
-def limit_cases(op: str, limits: Iterable[Limit], dtypes: tuple[str, ...]) -> list[tuple[Case, str]]:
-    """(case, dtype) pairs at and just past each bound of `limits` for the dtypes the backend claims."""
+def limit_cases(
+    op: str, limits: Iterable[Limit], dtypes: tuple[str, ...], outputs: tuple[Output, ...]
+) -> list[tuple[Case, str]]:
+    """(case, dtype) pairs at and just past each bound of `limits` for the dtypes the backend claims;
+    `outputs`: the op's comparators (those of its other cases)."""
     out: list[tuple[Case, str]] = []
     if op not in BUILDERS:
         return out  # no builder for this op's quantities yet: its bounds are enforced, not generated
-    outputs = _outputs(op)
     axis = OPS[op].dtype_axis
     for lim in limits:
         for bound, past in ((lim.max, 1), (lim.min, -1)):

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from backends.reference.w4a8_matmul import pack_int4, unpack_int4
+from backends.formats import pack_int4, unpack_int4
 from quant.apply import tensor_schemes
 from quant.formats.common import TensorReader, float_tensors, quantized_modules, write_checkpoint
 from quant.recipe import FLOAT, W4A8, W8A8, Scheme

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 import backends
-from conformance.compare import Context, calc_diff, compare, ulp_of
+from conformance.comparators import compare
+from conformance.compare import Context, calc_diff, ulp_of
 
 
 def ctx(op="x", dtype="bfloat16", tie_rule=None, **args):
