@@ -59,7 +59,7 @@ def cumulative_bounds(op: str, arg: str, cum: list[int], total: int) -> list[tup
 
 def need_pa_bsnd(op: str, key: torch.Tensor, d: int) -> int:
     """A PA_BSND paged key cache [blocks, block_size, 1, d] with a documented block size; returns it."""
-    from backends.ascend._provider import BLOCK_MULTIPLE, MAX_BLOCK
+    from backends.ascend._soc import BLOCK_MULTIPLE, MAX_BLOCK
 
     need(
         key.dim() == 4 and key.shape[2] == 1 and key.shape[3] == d,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.ascend._provider import GMM_MAX_DIM, GMM_MAX_GROUPS
+from backends.ascend._soc import GMM_MAX_DIM, GMM_MAX_GROUPS
 from backends.ascend.emulation._checks import NotEmulated, need, need_dtype
 
 OP = "npu_grouped_matmul"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.ascend._provider import SOCS, SPARSE_COUNTS
+from backends.ascend._soc import SOCS, SPARSE_COUNTS
 from backends.ascend.emulation._checks import (
     NotEmulated,
     cumulative_bounds,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.ascend._provider import QMM_MAX_LAST_DIM
+from backends.ascend._soc import QMM_MAX_LAST_DIM
 from backends.ascend.emulation._checks import NotEmulated, need, need_dtype
 
 OP = "npu_quant_matmul"

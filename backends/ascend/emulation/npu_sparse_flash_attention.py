@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.ascend._provider import SOCS
+from backends.ascend._soc import SOCS
 from backends.ascend.emulation._checks import (
     NotEmulated,
     cumulative_bounds,
