@@ -1,12 +1,14 @@
-"""cpu backend: indexer_topk (SPEC 2.2): the reference's logits, bit for bit (the same einsums over the
-same query blocks and key chunks), selected by `torch.topk` with exactness checks instead of two stable
-sorts per chunk.
+"""cpu backend: indexer_topk (SPEC 2.2): the reference's logits, bit for bit (the same dot products on
+the same 128-query blocks and 2048-key chunks: `mm` + `bmm` in place of its two einsums), selected by
+`torch.topk` with exactness checks instead of two stable sorts per chunk.
 
-Running top-k per query block: each key chunk's scores are merged with the block's current best k by
-`torch.topk(k + 1)` over [best | chunk]; rows where the k-th and (k+1)-th candidates tie, or NaN appears,
-are merged by the rule's full order instead. The set of the rule's top-k does not depend on the merge
-order, so the final order (one sort per block) is the reference's. Peak extra memory per query block:
-O(tq * (topk + chunk) + tq * H_I * chunk).
+Per query block, each chunk's scores are first filtered against the running k-th value (exact: a key
+equal to it loses to the k lower-index keys already held), and the survivors are merged with the best
+k by `torch.topk(k + 1)` once a chunk's worth has gathered; rows where the k-th and (k+1)-th candidates
+tie, or NaN appears, are merged by the rule's full order. The rule's top-k set does not depend on the
+merge order, so the final order (one composite-key sort per block) is the reference's. Small blocks
+(decode) score all their keys into one buffer and take one exact selection. Peak extra memory per
+query block: O(tq * (topk + chunk) + tq * H_I * chunk), independent of S.
 """
 
 from __future__ import annotations
