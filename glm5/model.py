@@ -167,13 +167,13 @@ class GLM5ForCausalLM(nn.Module):
         quantized export of one (compressed-tensors, msModelSlim, FP8: read by the checkpoint-format
         plugins of glm5/formats.py, which `quant` provides)."""
         from glm5 import formats
-        from glm5.checkpoint import CheckpointError, load_pretrained
+        from glm5.checkpoint import NotACheckpoint, load_pretrained
 
         fmt = formats.claiming(path)
         if fmt is not None:
             return fmt.load(path, backend=backend, dtype=dtype, cls=cls)
         if formats.looks_quantized(path):
-            raise CheckpointError(
+            raise NotACheckpoint(
                 f"path: {path} is a quantized checkpoint (config.json has quantization_config) that no "
                 f"installed checkpoint-format plugin reads (entry points {formats.ENTRY_POINT_GROUP!r}: "
                 f"{[f.name for f in formats.installed()]}); reinstall the project (pip install -e .)"
