@@ -40,11 +40,11 @@ def _samples(op: str, grad: bool) -> dict:
             weights=r(4, 2).requires_grad_(grad),
             layout=lay,
         )
-        return a | ({"topk": 2048} if op == "indexer_topk" else {})
+        return a | ({"topk": 64} if op == "indexer_topk" else {})  # 2100 keys > topk
     if op == "topk":
         return dict(x=r(5, 3000), k=64, lengths=torch.tensor([3000, 10, 0, 2999, 64]))
     if op == "sparse_mla_attention":
-        idx = torch.randint(-1, 2100, (4, 2048), generator=g, dtype=torch.int32)
+        idx = torch.randint(-1, 2100, (4, 64), generator=g, dtype=torch.int32)  # of 2100 keys
         return dict(
             q=r(4, 2, 40).requires_grad_(grad),
             kv_cache=r(nb, 64, 40).requires_grad_(grad),
