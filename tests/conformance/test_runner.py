@@ -142,3 +142,24 @@ def test_limit_cases_at_the_bound_pass_and_past_it_are_declined():
 
     res = {r.case: r.status for r in Runner(Overclaims()).run(sel)}
     assert res["limits/k_at_40"] == "FAIL"
+
+
+def test_a_backend_that_computes_nothing_is_not_ok():
+    """errors/ cases pass on any backend (the shared front door validates), so they never make a stub
+    backend look ported: every computing case unsupported -> 'unsupported' cells and a failing exit."""
+    import backends
+    from backends.caps import OpCaps, OpImpl
+    from backends.ops import FLOATS
+    from conformance.report import BackendRun, cell, exit_code
+
+    class Stub(backends.Backend):
+        name = "stub"
+        ops = {"topk": OpImpl(lambda x, k, lengths=None: None,
+                              OpCaps(FLOATS, tie_rule="lower_index", check=lambda a: ["not ported yet"]))}
+
+    runner = Runner(Stub())
+    results = runner.run(cases.select(["topk"], "full", dtypes=["float32"]))
+    assert any(r.case.startswith("errors/") and r.status == "PASS" for r in results)
+    assert cell(results) == "unsupported"
+    run = BackendRun("stub", runner.env, results, runner.claims(), runner.determinism, [], None)
+    assert exit_code([run]) == 1
