@@ -19,6 +19,7 @@ import backends
 from backends import Backend, BackendUnavailable, NotSupported, OpCaps, OpImpl, SeqLayout, registry
 from backends.counters import REFERENCE_CALLS
 from backends.ops import OPS
+from tests.backends.reference._fp8_samples import FP8_OUT_DTYPE
 from backends.reference.w4a8_matmul import pack_int4
 
 BUILTINS = ["reference", "cpu", "cuda", "ascend", "onnxruntime"]
@@ -191,6 +192,10 @@ FLOAT_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": tor
 
 def sample(op: str, dt: str, layout_kind: str = "ragged") -> dict:
     """A tiny valid input of `op` on dtype-axis value `dt`."""
+    if op.startswith("fp8_"):  # SPEC 7
+        from tests.backends.reference._fp8_samples import fp8_sample
+
+        return fp8_sample(op, dt, layout_kind)
     f = FLOAT_DT.get(dt, torch.float32)
     paged = layout_kind == "paged"
 
@@ -306,6 +311,7 @@ OUT_DTYPE = {
     "grouped_matmul": lambda dt: FLOAT_DT.get(dt, torch.bfloat16),
     "linear_cross_entropy": lambda dt: torch.float32,
 }
+OUT_DTYPE.update(FP8_OUT_DTYPE)
 
 
 class TinyBackend(Backend):

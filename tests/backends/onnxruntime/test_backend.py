@@ -22,10 +22,11 @@ def test_registered_and_available(be):
 
 
 def test_every_op_is_served(be):
-    assert set(be.ops) == set(OP_NAMES)
+    # every op but the FP8 family (SPEC 7), which needs an FP8 datapath
+    assert set(be.ops) == {op for op in OP_NAMES if not op.startswith("fp8_")}
     assert be.capabilities("topk").tie_rule == "lower_index"
     assert be.capabilities("indexer_topk").tie_rule == "lower_index"
-    assert not any(be.capabilities(op).differentiable for op in OP_NAMES)
+    assert not any(be.capabilities(op).differentiable for op in be.ops)
 
 
 def test_kernel_calls_count_session_runs_not_reference(be, no_fallback):
