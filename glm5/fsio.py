@@ -61,7 +61,9 @@ def write_text(path: Path, text: str) -> None:
     os.chmod(path, file_mode())
 
 
-def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+def save_tensors(
+    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
+) -> None:
     save_file(tensors, path, metadata=metadata)
     os.chmod(path, file_mode())
     fsync_path(path)
