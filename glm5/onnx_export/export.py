@@ -17,29 +17,12 @@ import click
 import onnx
 import onnx.inliner
 import torch
-from torch import nn
 
 from backends.onnxruntime.functions import DOMAIN, OPSET
 from glm5.cli_args import check_preset, model_option, one_line_errors
+from glm5.onnx_export.program import trace_prefill
 from glm5.onnx_export.translation import attach_functions, translation_table
 from glm5.progress import Phases
-
-
-class _Prefill(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids).logits
-
-
-def trace_prefill(model, batch: int, seq_len: int) -> torch.export.ExportedProgram:
-    """`model`'s prefill as an ExportedProgram, traced on the model's own backend (non-strict
-    torch.export); each backend op is one `torch.ops.glm5.<op>` node."""
-    ids = torch.zeros(batch, seq_len, dtype=torch.int64)
-    with torch.no_grad():
-        return torch.export.export(_Prefill(model).eval(), (ids,), strict=False)
 
 
 def export_prefill(model, batch: int, seq_len: int) -> onnx.ModelProto:

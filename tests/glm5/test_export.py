@@ -8,7 +8,7 @@ from collections import Counter
 
 import torch
 
-from glm5.onnx_export.export import trace_prefill
+from glm5.onnx_export.program import trace_prefill
 from tests.glm5._util import random_ids
 
 B, S = 2, 40
