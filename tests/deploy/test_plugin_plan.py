@@ -3,6 +3,7 @@ each engine serves on the machine (W4A8-int8 experts: vllm-ascend yes, vLLM on N
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shlex
 
@@ -30,7 +31,8 @@ def test_plan_json_has_the_plugin_command_and_formats():
     assert native["W4A8"]["ok"] is False and "AMX" in native["W4A8"]["why"]
     assert native["W8A8"]["ok"] is True and native["bf16"]["ok"] is True
     plugin = p["formats"]["vllm + plugin (cuda)"]
-    assert plugin["W4A8"]["ok"] is True  # the cuda backend declares grouped_matmul[w4a8]
+    # the cuda backend declares grouped_matmul[w4a8]; without triton its table is empty, so "unknown"
+    assert plugin["W4A8"]["ok"] is (True if importlib.util.find_spec("triton") else None)
 
 
 def test_plan_text_on_ascend_says_vllm_ascend_serves_w4a8():
