@@ -70,8 +70,8 @@ def quantize(model_path: Path, recipe_name: str, fmt: str, out: Path, overwrite:
     with one_line_errors("'--model'"):
         src_fmt = detect_format(src)
     if src_fmt not in (None, "fp8"):
-        raise click.BadParameter(f"{src} is already quantized ({src_fmt}); expected a float or FP8 checkpoint",
-                                 param_hint="'--model'")
+        raise click.BadParameter(f"{src} is already quantized ({src_fmt}); expected a float or FP8 "
+                                 "checkpoint", param_hint="'--model'")
 
     import torch
 
