@@ -25,15 +25,15 @@ import torch
 from torch import nn
 
 from backends import Backend
-from backends.reference.fp8_format import (
+from backends.formats import (
     E4M3_MAX,
     MLA_SCALE_FLOOR,
     cast_e4m3,
     dequantize_weight_blocks,
     pow2_ceil,
+    quantize_indexer_inputs,
     quantize_weight_blocks,
 )
-from backends.reference.fp8_indexer_logits import quantize_indexer_inputs
 from glm5.moe import Experts
 from quant.formats.fp8 import DEQUANT_AT_LOAD, _matches, fp8_targets
 from quant.fp8_modules import EXPERT_PROJS, FP8Experts, FP8Linear

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from backends import Backend, moe
-from backends.reference.fp8_format import BLOCK, E4M3, EPS_DEEPSEEK, cdiv, dequantize_weight_blocks
+from backends.formats import BLOCK, E4M3, EPS_DEEPSEEK, cdiv, dequantize_weight_blocks
 
 EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from backends.reference.fp8_format import BLOCK, E4M3, dequantize_weight_blocks, quantize_weight_blocks
+from backends.formats import BLOCK, E4M3, dequantize_weight_blocks, quantize_weight_blocks
 from glm5.moe import Experts
 from quant.formats.common import TensorReader, write_checkpoint
 from quant.fp8_modules import EXPERT_PROJS, FP8Experts, FP8Linear
