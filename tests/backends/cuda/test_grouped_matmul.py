@@ -98,6 +98,6 @@ def test_rows_do_not_depend_on_order_within_expert(cuda, device):
 
 def test_bad_offsets_name_the_argument(cuda, device):
     a = _on(device, _quant([2, 3], 8, 32, "w8a8"))
-    with pytest.raises(ValueError, match="^group_offsets: expected non-decreasing"):
+    with pytest.raises(ValueError, match="^group_offsets: expected non-decreasing"), cuda.validating():
         cuda.grouped_matmul(**(a | {"group_offsets": torch.tensor([0, 4, 3], device=device)}),
                             out_dtype=torch.float32)
