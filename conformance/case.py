@@ -23,9 +23,10 @@ SUITE_SETS: dict[str, tuple[str, ...]] = {
     "realistic": ("realistic",),
     "adversarial": ("adversarial",),
     "errors": ("errors",),
-    # limits/ cases come from each backend's declared bounds (conformance/cases/limits.py)
+    # limits/ cases come from each backend's declared bounds (conformance/cases/limits.py); they are in
+    # `full`, not `quick`: a bound such as topk <= 8192 is a large input (minutes in Triton's interpreter)
     "limits": ("limits",),
-    "quick": ("smoke", "adversarial", "errors", "limits"),
+    "quick": ("smoke", "adversarial", "errors"),
     "full": SUITES,
 }
 
