@@ -179,7 +179,7 @@ def impl(provider: OpsProvider) -> OpImpl:
             FLOATS + ("w8a8", "w4a8"),
             batch_invariant=BATCH_INVARIANT,
             check=check,
-            limits={
+            notes={
                 "operator": "bf16/fp16 float or bf16/fp16-output W8A8 / "
                 "per-channel W4A8, <= 1024 experts, K, N < 65536; "
                 "otherwise kernels per expert"

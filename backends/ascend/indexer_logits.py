@@ -14,8 +14,10 @@ from backends.ascend import _adapters as ad
 from backends.ascend._provider import OpsProvider
 from backends.caps import OpCaps, OpImpl
 from backends.layout import SeqLayout
+from backends.limits import Limit
 from backends.ops import FLOATS
 
+HEADS_REASON = "the kernel holds all heads of a token in one tile"
 # query tokens per kernel launch in the top-k fallback: bounds its [rows, S] fp32 scores
 ROW_BLOCK = 64
 
@@ -53,10 +55,12 @@ def impl(provider: OpsProvider) -> OpImpl:
         return kernel_logits(q, k_cache, weights, layout)[0]
 
     return OpImpl(
-        indexer_logits, OpCaps(FLOATS, ("ragged", "paged"), limits={"heads": "<= 64 per tile"}, check=_check)
+        indexer_logits,
+        OpCaps(
+            FLOATS,
+            ("ragged", "paged"),
+            limits=(
+                Limit("index_heads", max=64, reason="the kernel holds all heads of a token in one tile"),
+            ),
+        ),
     )
-
-
-def _check(a: dict) -> list[str]:
-    h = a["q"].shape[1]
-    return [f"q: {h} heads; the kernel holds all heads of a token in one tile (<= 64)"] if h > 64 else []

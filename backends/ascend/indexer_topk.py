@@ -36,6 +36,7 @@ from backends.ascend._provider import (
 from backends.ascend.indexer_logits import ROW_BLOCK, kernel_logits
 from backends.caps import OpCaps, OpImpl
 from backends.layout import SeqLayout
+from backends.limits import Limit
 from backends.ops import FLOATS
 
 OP = "npu_lightning_indexer"
@@ -43,6 +44,16 @@ OP = "npu_lightning_indexer"
 TIE_TOL = 1e-4
 #: queries per block when recomputing candidate scores
 SCORE_BLOCK = 64
+#: the route past the operator's limits: another cost class
+FALLBACK = (
+    "triton-ascend indexer_logits over the whole [rows, S] logits (ROW_BLOCK rows at a time), ranked by "
+    "kernels_ascend.topk: O(S^2) compares per query row instead of the operator's O(S) (Ascend has no "
+    "tl.sort for int32 keys)"
+)
+HEADS_REASON = (
+    "npu_lightning_indexer takes <= 64 heads (A2/A3; 950: 8..64), and the kernel route holds all heads of "
+    "a token in one tile"
+)
 
 
 def candidate_count(topk: int) -> int:
@@ -166,14 +177,20 @@ def impl(provider: OpsProvider) -> OpImpl:
             ("ragged", "paged"),
             batch_invariant=BATCH_INVARIANT,
             tie_rule="lower_index",
-            limits={
-                "operator": "bf16/fp16, D_I=128, block_size % 16 == 0 <= 1024, "
-                "topk <= 8192; otherwise triton-ascend kernels",
-                "kernel_fallback_cost": "outside the operator's limits, and per row for a tie group "
-                "running past the K' candidates, the whole [rows, S] logits are computed "
-                "(ROW_BLOCK rows at a time) and ranked by kernels_ascend.topk: O(S^2) compares per "
-                "query row instead of the operator's O(S) (no tl.sort on Ascend; the interpreter "
-                "lacks it too)",
+            limits=(
+                Limit("index_heads", max=64, reason=HEADS_REASON),
+                Limit(
+                    "topk",
+                    max=MAX_SPARSE_COUNT,
+                    reason="npu_lightning_indexer's sparse_count",
+                    route=FALLBACK,
+                ),
+                # D_I < 128 takes the same route (a min=128 bound would repeat the at-128 case)
+                Limit("index_head_dim", max=128, reason="the operator's D is 128", route=FALLBACK),
+            ),
+            notes={
+                "operator": "bf16/fp16, D_I=128, block_size % 16 == 0 <= 1024, topk <= 8192; "
+                f"otherwise (and per row for a tie group running past the K' candidates): {FALLBACK}",
             },
         ),
     )

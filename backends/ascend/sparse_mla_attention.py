@@ -127,7 +127,7 @@ def impl(provider: OpsProvider) -> OpImpl:
             FLOATS,
             ("ragged", "paged"),
             batch_invariant=BATCH_INVARIANT,
-            limits={
+            notes={
                 "operator": "bf16/fp16, d_qk=576, d_v=512, heads padded "
                 "to the SoC's set; otherwise the kernel",
                 "copies": "the operator's TND key: T * topk selected rows (decode) or the batch's "

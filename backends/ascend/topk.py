@@ -22,4 +22,11 @@ def impl(provider: OpsProvider) -> OpImpl:
         provider.record("topk", provider.kernel_label("topk"))
         return kernel(x, k, lengths)
 
-    return OpImpl(topk, OpCaps(FLOATS, tie_rule="lower_index", limits={"cost": "O(C^2) compares per row"}))
+    return OpImpl(
+        topk,
+        OpCaps(
+            FLOATS,
+            tie_rule="lower_index",
+            notes={"cost": "O(C^2) compares per row (the only route: no tl.sort on Ascend)"},
+        ),
+    )

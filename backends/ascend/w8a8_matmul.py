@@ -90,7 +90,7 @@ def impl(provider: OpsProvider) -> OpImpl:
         OpCaps(
             FLOATS,
             batch_invariant=BATCH_INVARIANT,
-            limits={
+            notes={
                 "operator": "bf16 / fp16 (no float bias) output, "
                 "K <= 65535, N split in blocks of 65535; "
                 "otherwise the kernel"
