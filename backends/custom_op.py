@@ -107,3 +107,37 @@ def _grads(
 
 def _lib_op(name: str):
     return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=())
+
+
+def run_attention(
+    op: str,
+    backend: str,
+    q: Tensor,
+    kv_cache: Tensor,
+    indices: Tensor,
+    layout_tensors: tuple,
+    sm_scale: float,
+    d_v: int,
+    return_lse: bool,
+) -> tuple[Tensor, Tensor]:
+    """The body of the sparse-attention custom ops (bf16 and FP8 caches): lse is an empty [0] float32
+    tensor when return_lse is False (a schema has no optional outputs)."""
+    layout = _layout(*layout_tensors)
+    args = dict(
+        q=q,
+        kv_cache=kv_cache,
+        indices=indices,
+        layout=layout,
+        sm_scale=sm_scale,
+        d_v=d_v,
+        return_lse=return_lse,
+    )
+    out, lse = _run(backend, op, args)
+    if not return_lse or lse is None:
+        lse = q.new_empty((0,), dtype=torch.float32)
+    return out, lse
+
+
+def attention_fake(q: Tensor, d_v: int, return_lse: bool) -> tuple[Tensor, Tensor]:
+    t, h, _ = q.shape
+    return q.new_empty((t, h, d_v)), q.new_empty((t, h) if return_lse else (0,), dtype=torch.float32)

@@ -27,9 +27,11 @@ from backends.custom_op import (  # noqa: F401  (re-exported for the FP8 registr
     _layout,
     _lib_op,
     _run,
+    attention_fake,
     instance,
     layout_args,
     register_instance,
+    run_attention,
 )
 
 # -- indexer_logits (SPEC 2.1) ---------------------------------------------------------------------
@@ -151,27 +153,15 @@ def sparse_mla_attention(
     backend: str,
 ) -> tuple[Tensor, Tensor]:
     """lse is an empty [0] float32 tensor when return_lse is False (a schema has no optional outputs)."""
-    layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
-    args = dict(
-        q=q,
-        kv_cache=kv_cache,
-        indices=indices,
-        layout=layout,
-        sm_scale=sm_scale,
-        d_v=d_v,
-        return_lse=return_lse,
+    lay = (cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
+    return run_attention(
+        "sparse_mla_attention", backend, q, kv_cache, indices, lay, sm_scale, d_v, return_lse
     )
-    out, lse = _run(backend, "sparse_mla_attention", args)
-    if not return_lse or lse is None:
-        lse = q.new_empty((0,), dtype=torch.float32)
-    return out, lse
 
 
 @sparse_mla_attention.register_fake
 def _(q, kv_cache, indices, cu_q, sk, cu_k, bt, max_k, sm_scale, d_v, return_lse, backend):
-    t, h, _ = q.shape
-    lse = q.new_empty((t, h) if return_lse else (0,), dtype=torch.float32)
-    return q.new_empty((t, h, d_v)), lse
+    return attention_fake(q, d_v, return_lse)
 
 
 @_lib_op("sparse_mla_attention_backward")

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from backends import library
+from backends.custom_op import attention_fake, run_attention
 from backends.library import _layout, _lib_op, _run
 
 E4M3 = torch.float8_e4m3fn
@@ -149,26 +150,15 @@ def fp8_sparse_mla_attention(
     backend: str,
 ) -> tuple[Tensor, Tensor]:
     """lse is an empty [0] float32 tensor when return_lse is False (as sparse_mla_attention)."""
-    layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
-    args = dict(
-        q=q,
-        kv_cache=kv_cache,
-        indices=indices,
-        layout=layout,
-        sm_scale=sm_scale,
-        d_v=d_v,
-        return_lse=return_lse,
+    lay = (cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
+    return run_attention(
+        "fp8_sparse_mla_attention", backend, q, kv_cache, indices, lay, sm_scale, d_v, return_lse
     )
-    out, lse = _run(backend, "fp8_sparse_mla_attention", args)
-    if not return_lse or lse is None:
-        lse = q.new_empty((0,), dtype=torch.float32)
-    return out, lse
 
 
 @fp8_sparse_mla_attention.register_fake
 def _(q, kv_cache, indices, cu_q, sk, cu_k, bt, max_k, sm_scale, d_v, return_lse, backend):
-    t, h, _ = q.shape
-    return q.new_empty((t, h, d_v)), q.new_empty((t, h) if return_lse else (0,), dtype=torch.float32)
+    return attention_fake(q, d_v, return_lse)
 
 
 CUSTOM_OPS = {
