@@ -98,7 +98,8 @@ def _imports(name: str, path: Path) -> list[tuple[str, int]]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+                parent = package[: len(package) - node.level + 1]
+                base = ".".join(parent + ([node.module] if node.module else []))
             subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES]
             if len(subs) < len(node.names):
                 out.append((base, node.lineno))
