@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from backends import library
+from backends import custom_op, library
 from backends.caps import OpCaps, OpImpl
 from backends.errors import NotSupported
 from backends.interface_fp8 import FP8Ops
@@ -79,7 +79,7 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
         #: GLM5_VALIDATE=reference: also run the reference on every call and compare (backends/shadow.py)
         self.shadow = mode == "reference" and self.name != "reference"
         #: the name custom ops use to reach this instance (backends/library.py)
-        self.key = library.register_instance(self)
+        self.key = custom_op.register_instance(self)
 
     # -- what a backend declares ------------------------------------------------------------------
     def available(self) -> tuple[bool, str]:

@@ -21,18 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from backends.custom_op import (  # noqa: F401  (re-exported for the FP8 registrations and the interface)
-    NAMESPACE,
-    _grads,
-    _layout,
-    _lib_op,
-    _run,
-    attention_fake,
-    instance,
-    layout_args,
-    register_instance,
-    run_attention,
-)
+from backends.custom_op import _grads, _layout, _lib_op, _run, attention_fake, layout_args, run_attention
 
 # -- indexer_logits (SPEC 2.1) ---------------------------------------------------------------------
 

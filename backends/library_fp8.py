@@ -12,8 +12,7 @@ import torch
 from torch import Tensor
 
 from backends import library
-from backends.custom_op import attention_fake, run_attention
-from backends.library import _layout, _lib_op, _run
+from backends.custom_op import _layout, _lib_op, _run, attention_fake, run_attention
 
 E4M3 = torch.float8_e4m3fn
 
