@@ -26,32 +26,9 @@ from collections import Counter
 
 import torch
 
-from backends.ascend import (
-    _provider,
-    dynamic_quant_int8,
-    grouped_matmul,
-    indexer_logits,
-    indexer_topk,
-    linear_cross_entropy,
-    sparse_mla_attention,
-    topk,
-    w4a8_matmul,
-    w8a8_matmul,
-)
+from backends.ascend import _provider
 from backends.interface import Backend
 from backends.table import load_ops
-
-_MODULES = {
-    "indexer_logits": indexer_logits,
-    "indexer_topk": indexer_topk,
-    "topk": topk,
-    "sparse_mla_attention": sparse_mla_attention,
-    "dynamic_quant_int8": dynamic_quant_int8,
-    "w8a8_matmul": w8a8_matmul,
-    "w4a8_matmul": w4a8_matmul,
-    "grouped_matmul": grouped_matmul,
-    "linear_cross_entropy": linear_cross_entropy,
-}
 
 #: what serves each op, for reports (the route actually taken per call is in environment()["routes"])
 PROVENANCE = {
