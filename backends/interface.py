@@ -182,12 +182,13 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
                 op=op,
             )
         if not wants_grad:
+            if torch.is_grad_enabled():
+                # the op has no backward here: its outputs carry no gradient, on either path below
+                args = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
             if _plain_eager(args):
                 # nothing is tracing and no gradient is wanted: the custom op would only add its Python
                 # dispatch cost (about 15 us a call) to the same implementation
                 return self.run(op, args)
-            # the op has no backward here: its outputs do not carry gradients
-            args = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
         return library.call(self.key, op, args)
 
     def run(self, op: str, args: dict[str, Any], phase: str = "forward") -> Any:

@@ -58,3 +58,15 @@ def test_compiled_decode_matches_eager(model):
             out = step(tok_c, comp_cache).logits
             tok_c = out[:, -1].argmax(-1, keepdim=True)
             assert torch.equal(tok_e, tok_c)
+
+
+def test_a_non_differentiable_op_gives_no_gradient_on_either_path():
+    """topk has no backward in the contract: its values carry no gradient, whether the front door takes the
+    eager fast path or the custom op (what a compiled graph runs)."""
+    import backends
+
+    be = backends.get("reference")
+    x = torch.randn(3, 10, requires_grad=True)
+    eager, _ = be.topk(x, 2)
+    traced, _ = torch.compile(lambda t: be.topk(t, 2), fullgraph=True, backend="aot_eager")(x)
+    assert not eager.requires_grad and not traced.requires_grad
