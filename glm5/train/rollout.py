@@ -102,6 +102,52 @@ def batch_invariant() -> Iterator[None]:
 PRECISIONS = ("bf16", "fp8")
 
 
+def rollout_policy(model: GLM5ForCausalLM, precision: str) -> GLM5ForCausalLM:
+    """What samples: `model` itself ("bf16"), or an FP8 copy of its current weights ("fp8")."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"rollout_precision: expected one of {PRECISIONS}, got {precision!r}")
+    if precision == "bf16":
+        return model
+    from quant.fp8 import fp8_policy  # quantization is applied from outside the model core
+
+    return fp8_policy(model)
+
+
+@torch.no_grad()
+def sample(
+    policy: GLM5ForCausalLM,
+    prompts: torch.Tensor,
+    new_tokens: int,
+    *,
+    temperature: float,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rollout engine: prompts int64 [B, P] -> (sampled [B, N], their log-probs under `policy` at
+    `temperature`, fp32 [B, N]), through the decode path (prefill, then one cached token per step)."""
+    b, p = prompts.shape
+    cache = policy.new_cache(b, p + new_tokens)
+    logits = policy(prompts, cache).logits[:, -1]  # [B, V]
+    toks, logp_roll = [], []
+    for i in range(new_tokens):
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        t = torch.multinomial(logp.exp().cpu(), 1, generator=generator).to(logp.device)  # [B, 1]
+        toks.append(t[:, 0])
+        logp_roll.append(logp.gather(1, t)[:, 0])
+        if i + 1 < new_tokens:
+            logits = policy(t, cache).logits[:, -1]
+    return torch.stack(toks, 1), torch.stack(logp_roll, 1)
+
+
+def sequence_logprobs(
+    model: GLM5ForCausalLM, prompts: torch.Tensor, sampled: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """The training forward (whole sequences, no cache): log pi(sampled) fp32 [B, N] at `temperature`,
+    differentiable when grad is enabled."""
+    p = prompts.shape[1]
+    logits = model(torch.cat([prompts, sampled], 1)[:, :-1]).logits[:, p - 1 :]  # [B, N, V]
+    return torch.log_softmax(logits.float() / temperature, -1).gather(2, sampled[..., None])[..., 0]
+
+
 @torch.no_grad()
 def rollout_check(
     model: GLM5ForCausalLM,
@@ -122,32 +168,13 @@ def rollout_check(
         raise ValueError(f"new_tokens/temperature: expected >= 1 and > 0, got {new_tokens}, {temperature}")
     if rollout_precision not in PRECISIONS:
         raise ValueError(f"rollout_precision: expected one of {PRECISIONS}, got {rollout_precision!r}")
-    policy = model
-    if rollout_precision == "fp8":
-        from quant.fp8 import fp8_policy
-
-        policy = fp8_policy(model)
+    policy = rollout_policy(model, rollout_precision)
     g = torch.Generator().manual_seed(seed)
-    b, p = prompts.shape
     ctx = batch_invariant() if invariant else contextlib.nullcontext()
     with ctx:
-        cache = policy.new_cache(b, p + new_tokens)
-        logits = policy(prompts, cache).logits[:, -1]  # [B, V]
-        toks, logp_roll = [], []
-        for i in range(new_tokens):
-            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-            t = torch.multinomial(logp.exp().cpu(), 1, generator=g).to(logp.device)  # [B, 1]
-            toks.append(t[:, 0])
-            logp_roll.append(logp.gather(1, t)[:, 0])
-            if i + 1 < new_tokens:
-                logits = policy(t, cache).logits[:, -1]
-        sampled = torch.stack(toks, 1)  # [B, N]
-        full = torch.cat([prompts, sampled], 1)
-        train_logits = model(full[:, :-1]).logits[:, p - 1 :]  # [B, N, V] training forward
-        logp_train = torch.log_softmax(train_logits.float() / temperature, -1).gather(2, sampled[..., None])[
-            ..., 0
-        ]
-    logp_roll_t = torch.stack(logp_roll, 1)
+        sampled, logp_roll_t = sample(policy, prompts, new_tokens, temperature=temperature, generator=g)
+        logp_train = sequence_logprobs(model, prompts, sampled, temperature)
+    full = torch.cat([prompts, sampled], 1)
     ratio = torch.exp(logp_train - logp_roll_t)
     out = {
         "rollout_precision": rollout_precision,
