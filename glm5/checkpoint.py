@@ -206,42 +206,81 @@ def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 STAGING = ".{}.tmp-"  # staging siblings of a checkpoint NAME: .NAME.tmp-PID-XXXX
 
 
-def save_pretrained(model: torch.nn.Module, path: str | Path, max_shard_size: int) -> None:
-    """Write into a staging sibling, fsync, then swap it into place atomically (fsio.publish_dir): a
-    reader never sees half a checkpoint, the path never lacks one, and a save killed at any point leaves
-    the previous checkpoint intact (its staging directory is removed by the next save)."""
-    path = Path(path)
-    prefix = STAGING.format(path.name)
-    tmp = fsio.staging_dir(path.parent, prefix)
-    try:
-        cfg = model.config.to_dict()
-        cfg["dtype"] = str(model.dtype).removeprefix("torch.")
-        fsio.write_text(tmp / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        tensors = hf_state_dict(model)
-        shards: list[dict[str, torch.Tensor]] = [{}]
+class ShardWriter:
+    """A checkpoint written shard by shard into a staging sibling of `path` and swapped into place by
+    `finish` (fsio.publish_dir): a reader never sees half a checkpoint, the path never lacks one, and a
+    writer killed at any point leaves the previous checkpoint intact (the next writer removes its staging
+    directory). Each `add` is one shard on disk at once, so a converter streaming layer by layer holds
+    one layer's tensors, never the model's. Use as a context manager: an exception removes the staging.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._prefix = STAGING.format(self.path.name)
+        self.tmp = fsio.staging_dir(self.path.parent, self._prefix)
+        self._parts: list[tuple[str, list[str]]] = []
+        self.names: set[str] = set()
+        self.total_size = 0
+
+    def add(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Write `tensors` (CPU; names new to this checkpoint) as one more shard."""
+        if not tensors:
+            return
+        again = sorted(self.names & set(tensors))
+        if again:
+            raise ValueError(f"checkpoint: tensor(s) written twice: {', '.join(again[:5])}")
+        fname = f"part-{len(self._parts):05d}.safetensors"
+        fsio.save_tensors({k: t.contiguous() for k, t in tensors.items()}, self.tmp / fname,
+                          metadata={"format": "pt"})
+        self._parts.append((fname, list(tensors)))
+        self.names.update(tensors)
+        self.total_size += sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def finish(self, config: dict[str, Any], extra_files: dict[str, Any] | None = None) -> None:
+        """Name the shards as Hugging Face does (one `model.safetensors`, or `model-0000i-of-0000N` plus
+        the index), write config.json and the extra JSON files, and publish."""
+        n = len(self._parts)
+        wmap = {}
+        for i, (part, names) in enumerate(self._parts):
+            fname = SINGLE_FILE if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            (self.tmp / part).rename(self.tmp / fname)
+            wmap.update({k: fname for k in names})
+        if n > 1:
+            index = {"metadata": {"total_size": self.total_size}, "weight_map": wmap}
+            fsio.write_text(self.tmp / INDEX_FILE, json.dumps(index, indent=2, sort_keys=True) + "\n")
+        for fname, obj in (extra_files or {}).items():
+            fsio.write_text(self.tmp / fname, json.dumps(obj, indent=2) + "\n")
+        fsio.write_text(self.tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+        fsio.publish_dir(self.tmp, self.path, self._prefix)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def write_shards(path: str | Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
+                 max_shard_size: int, extra_files: dict[str, Any] | None = None) -> None:
+    """Write a whole checkpoint held in memory, in shards of at most `max_shard_size` bytes (a tensor
+    larger than that gets a shard of its own), atomically (ShardWriter)."""
+    with ShardWriter(path) as w:
+        shard: dict[str, torch.Tensor] = {}
         size = 0
         for name, t in tensors.items():
             n = t.numel() * t.element_size()
-            if shards[-1] and size + n > max_shard_size:
-                shards.append({})
-                size = 0
-            shards[-1][name] = t
+            if shard and size + n > max_shard_size:
+                w.add(shard)
+                shard, size = {}, 0
+            shard[name] = t
             size += n
-        if len(shards) == 1:
-            fsio.save_tensors(shards[0], tmp / SINGLE_FILE, metadata={"format": "pt"})
-        else:
-            wmap = {}
-            for i, shard in enumerate(shards):
-                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-                fsio.save_tensors(shard, tmp / fname, metadata={"format": "pt"})
-                wmap.update({k: fname for k in shard})
-            total = sum(t.numel() * t.element_size() for t in tensors.values())
-            fsio.write_text(
-                tmp / INDEX_FILE,
-                json.dumps({"metadata": {"total_size": total}, "weight_map": wmap}, indent=2, sort_keys=True)
-                + "\n",
-            )
-        fsio.publish_dir(tmp, path, prefix)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        w.add(shard)
+        w.finish(config, extra_files)
+
+
+def save_pretrained(model: torch.nn.Module, path: str | Path, max_shard_size: int) -> None:
+    """The float model as a Hugging Face checkpoint, atomically (ShardWriter)."""
+    cfg = model.config.to_dict()
+    cfg["dtype"] = str(model.dtype).removeprefix("torch.")
+    write_shards(path, cfg, hf_state_dict(model), max_shard_size)

@@ -172,41 +172,55 @@ def _gptq_names(plan: dict[str, Scheme], recipe: Recipe, prefix: str) -> set[str
 
 
 @torch.no_grad()
+def calibrate_layer(model: nn.Module, layer: nn.Module, prefix: str, x: torch.Tensor, step, topk,
+                    plan: dict[str, Scheme], recipe: Recipe) -> None:
+    """Smooth and quantize one decoder layer (`prefix`: its module name) from its float weights and the
+    input x the already-quantized layers produced; its planned modules are swapped in `model`."""
+    st = _Stats(layer, prefix, set())
+    layer(x, step, topk)
+    st.close()
+    _smooth_layer(layer, prefix, plan, recipe, st)
+    gptq = _gptq_names(plan, recipe, prefix)
+    hess: dict[str, torch.Tensor] = {}
+    if gptq:
+        st = _Stats(layer, prefix, gptq)
+        layer(x, step, topk)
+        st.close()
+        hess = {n: h.h for n, h in st.hess.items()}
+        ex = getattr(layer.mlp, "experts", None)
+        if isinstance(ex, Experts) and st.moe_in and f"{prefix}.mlp.experts.0.gate_proj" in gptq:
+            h = torch.cat(st.moe_in)
+            hh = Hessian(h.shape[1])
+            hh.add(h)
+            for e in range(ex.gate_proj.shape[0]):
+                hd = Hessian(ex.down_proj.shape[2])
+                hd.add(_expert_acts(h, ex, e))
+                hess.update({f"{prefix}.mlp.experts.{e}.gate_proj": hh.h,
+                             f"{prefix}.mlp.experts.{e}.up_proj": hh.h,
+                             f"{prefix}.mlp.experts.{e}.down_proj": hd.h})
+    names = {f"{prefix}.{n}" for n, _ in layer.named_modules() if n}
+    quantize_modules(model, plan, recipe, names, hess)
+
+
+def begin(model: nn.Module, calib_ids: torch.Tensor):
+    """(the first layer's input, the step) of a calibration pass over calib_ids [B, S]."""
+    b, s = calib_ids.shape
+    step = model.begin_step([s] * b, None)
+    x = model.model.embed_tokens(calib_ids.reshape(-1).to(model.model.embed_tokens.weight.device))
+    return x, step
+
+
+@torch.no_grad()
 def calibrate(model: nn.Module, recipe: Recipe, plan: dict[str, Scheme], calib_ids: torch.Tensor,
               log: bool = False) -> None:
     """Smooth and quantize every main decoder layer in order on calib_ids [B, S] (see module docstring).
     Modules outside the main layers (MTP, head) are left for the caller's data-free pass."""
-    b, s = calib_ids.shape
-    step = model.begin_step([s] * b, None)
-    x = model.model.embed_tokens(calib_ids.reshape(-1).to(model.model.embed_tokens.weight.device))
+    x, step = begin(model, calib_ids)
     topk = None
     for i, layer in enumerate(model.model.layers[:model.config.num_hidden_layers]):
         prefix = f"model.layers.{i}"
         if any(n.startswith(prefix + ".") for n in plan):
-            st = _Stats(layer, prefix, set())
-            layer(x, step, topk)
-            st.close()
-            _smooth_layer(layer, prefix, plan, recipe, st)
-            gptq = _gptq_names(plan, recipe, prefix)
-            hess: dict[str, torch.Tensor] = {}
-            if gptq:
-                st = _Stats(layer, prefix, gptq)
-                layer(x, step, topk)
-                st.close()
-                hess = {n: h.h for n, h in st.hess.items()}
-                ex = getattr(layer.mlp, "experts", None)
-                if isinstance(ex, Experts) and st.moe_in and f"{prefix}.mlp.experts.0.gate_proj" in gptq:
-                    h = torch.cat(st.moe_in)
-                    hh = Hessian(h.shape[1])
-                    hh.add(h)
-                    for e in range(ex.gate_proj.shape[0]):
-                        hd = Hessian(ex.down_proj.shape[2])
-                        hd.add(_expert_acts(h, ex, e))
-                        hess.update({f"{prefix}.mlp.experts.{e}.gate_proj": hh.h,
-                                     f"{prefix}.mlp.experts.{e}.up_proj": hh.h,
-                                     f"{prefix}.mlp.experts.{e}.down_proj": hd.h})
-            names = {f"{prefix}.{n}" for n, _ in layer.named_modules() if n}
-            quantize_modules(model, plan, recipe, names, hess)
+            calibrate_layer(model, layer, prefix, x, step, topk, plan, recipe)
             if log:
                 print(f"calibrated {prefix}", flush=True)
-        x, topk = layer(x, step, topk)
+        x, topk = model.model.layers[i](x, step, topk)

@@ -52,8 +52,9 @@ def _check_out(out: Path, src: Path, overwrite: bool) -> None:
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def quantize(model_path: Path, recipe_name: str, fmt: str, out: Path, overwrite: bool, group_size: int | None,
              calib_seqs: int, calib_len: int, backend: str, quiet: bool) -> None:
-    """Quantize the float checkpoint --model by a recipe (layer-by-layer calibration) and write it as
-    FORMAT to --out (atomically: an interrupted run leaves --out as it was)."""
+    """Quantize the float or FP8 checkpoint --model by a recipe (layer-by-layer calibration) and write it
+    as FORMAT to --out, streaming: one decoder layer is in memory at a time, written as its own shard, and
+    --out is replaced atomically at the end (an interrupted run leaves it as it was)."""
     src = model_path
     try:
         recipe = recipes.Recipe.load(recipe_name, group_size)
@@ -73,53 +74,22 @@ def quantize(model_path: Path, recipe_name: str, fmt: str, out: Path, overwrite:
         raise click.BadParameter(f"{src} is already quantized ({src_fmt}); expected a float or FP8 "
                                  "checkpoint", param_hint="'--model'")
 
-    import torch
-
-    from glm5.model import GLM5ForCausalLM
+    from glm5.checkpoint import CheckpointError, NotACheckpoint
     from glm5.progress import Phases
     from quant.data import token_batch
-    from quant.load import export
-    from quant.quantize import quantize_model
+    from quant.stream import convert
 
     t0 = time.time()
-    with Phases("quantize", enabled=not quiet) as progress:
-        progress.phase(f"loading {src}")
-        with one_line_errors("'--model'"):
-            if src_fmt == "fp8":
-                from quant.formats.fp8 import load_fp8
-
-                model = load_fp8(src, backend=be, fp8_modules=False)  # de-quantized as it is read
-            else:
-                model = GLM5ForCausalLM.from_pretrained(src, backend=be).eval()
-        if fmt == "fp8":
-            progress.phase(f"writing fp8 to {out}")
-            with one_line_errors("'--out'"):
-                export(model, out, "fp8")
-            click.echo(f"fp8 (e4m3, 128x128 blocks) at {out}, {time.time() - t0:.1f}s")
-            return
-        calib = token_batch("train", calib_seqs, calib_len, seed=0) if calib_seqs else None
-        n = model.config.num_hidden_layers
-        hooks = []
-        if calib is not None:
-            progress.phase("calibrating layers", total=n)
-            seen: set[int] = set()
-            for i, layer in enumerate(model.model.layers[:n]):
-                def on_layer(mod, args, i=i):
-                    if i not in seen:  # a layer runs up to three times (statistics, GPTQ, output)
-                        seen.add(i)
-                        if i:
-                            progress.advance(1, f"(layer {i}/{n})")
-                hooks.append(layer.register_forward_pre_hook(on_layer))
+    calib = token_batch("train", calib_seqs, calib_len, seed=0) if calib_seqs and fmt != "fp8" else None
+    with Phases("quantize", enabled=not quiet) as progress, one_line_errors():
         try:
-            with one_line_errors(), torch.no_grad():
-                plan = quantize_model(model, recipe, calib)
-        finally:
-            for h in hooks:
-                h.remove()
-        progress.phase(f"writing {fmt} to {out}")
-        with one_line_errors("'--out'"):
-            export(model, out, fmt)
+            plan = convert(src, out, fmt, None if fmt == "fp8" else recipe, calib, be, progress=progress)
+        except (CheckpointError, NotACheckpoint) as exc:  # the source does not fit its own config
+            raise click.BadParameter(str(exc).splitlines()[0], param_hint="'--model'") from None
+    if fmt == "fp8":
+        click.echo(f"fp8 (e4m3, 128x128 blocks) at {out}, {time.time() - t0:.1f}s")
+        return
     counts = Counter(s.name if not s.group_size else f"{s.name}(g{s.group_size})" for s in plan.values())
     calib_note = f"{calib_seqs} x {calib_len} calibration tokens" if calib_seqs else "no calibration"
     click.echo(f"{recipe.name} -> {fmt} at {out}: {dict(sorted(counts.items()))} weights quantized, "
-               f"{calib_note}, {time.time() - t0:.1f}s")
+               f"{calib_note}, {time.time() - t0:.1f}s, one layer in memory at a time")

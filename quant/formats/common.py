@@ -3,9 +3,7 @@ Hugging Face names, writing and reading safetensors shards, and filling a model 
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,8 +12,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from glm5 import fsio
-from glm5.checkpoint import STAGING, weight_files
+from glm5.checkpoint import weight_files, write_shards
 from quant.apply import EXPERT_PROJS
 from quant.modules import QuantExperts, QuantLinear
 from quant.recipe import Scheme
@@ -25,11 +22,20 @@ _STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
 
 
 QuantEntry = tuple[str, Scheme, Callable[[], tuple], nn.Module, "int | None"]
+#: which module names a writer covers (None: all): a streamed conversion writes one layer at a time
+Scope = Callable[[str], bool] | None
 
 
-def quantized_modules(model: nn.Module) -> Iterator[QuantEntry]:
+def within(prefix: str) -> Callable[[str], bool]:
+    """The scope of one submodule: `within("model.layers.3")`."""
+    return lambda name: name.startswith(prefix + ".")
+
+
+def quantized_modules(model: nn.Module, scope: Scope = None) -> Iterator[QuantEntry]:
     """(HF module name, scheme, get() -> (q int8 [N, K], scale fp32 [N, G], bias or None), module, expert)."""
     for name, mod in model.named_modules():
+        if scope is not None and not scope(name):
+            continue
         if isinstance(mod, QuantLinear):
             yield name, mod.scheme, (lambda m=mod: (*m.int_weight(), m.bias)), mod, None
         elif isinstance(mod, QuantExperts):
@@ -42,12 +48,15 @@ def _expert_getter(mod: QuantExperts, e: int, p: str) -> Callable[[], tuple]:
     return lambda: (*mod.int_weight(e, p), None)
 
 
-def float_entries(model: nn.Module) -> Iterator[tuple[str, str, int | None]]:
-    """(checkpoint name, state_dict name, expert index) of every float tensor (quantized modules excluded)."""
+def float_entries(model: nn.Module, scope: Scope = None) -> Iterator[tuple[str, str, int | None]]:
+    """(checkpoint name, state_dict name, expert index) of every float tensor (quantized modules excluded)
+    in `scope` (a predicate on the owning module's name)."""
     qprefix = tuple(f"{n}." for n, m in model.named_modules() if isinstance(m, (QuantLinear, QuantExperts)))
     tied = model.config.tie_word_embeddings
     for name, t in model.state_dict(keep_vars=True).items():
         if name.startswith(qprefix) or (tied and name == "lm_head.weight"):
+            continue
+        if scope is not None and not scope(name.rsplit(".", 1)[0]):
             continue
         m = _STACKED.match(name)
         if m:
@@ -57,48 +66,16 @@ def float_entries(model: nn.Module) -> Iterator[tuple[str, str, int | None]]:
             yield name, name, None
 
 
-def float_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+def float_tensors(model: nn.Module, scope: Scope = None) -> dict[str, torch.Tensor]:
     sd = model.state_dict()
     return {hf: (sd[n][e] if e is not None else sd[n]).detach().cpu().contiguous().clone()
-            for hf, n, e in float_entries(model)}
+            for hf, n, e in float_entries(model, scope)}
 
 
 def write_checkpoint(path: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
                      extra_files: dict[str, Any] | None = None, max_shard_size: int = 5 << 30) -> None:
-    """config.json + safetensors (+ extra JSON files) into a staging sibling, fsynced, then swapped into
-    place atomically (glm5.fsio.publish_dir): an existing checkpoint at `path` is replaced only once the
-    new one is complete, and there is no instant without one."""
-    path = Path(path)
-    prefix = STAGING.format(path.name)
-    tmp = fsio.staging_dir(path.parent, prefix)
-    try:
-        fsio.write_text(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
-        for fname, obj in (extra_files or {}).items():
-            fsio.write_text(tmp / fname, json.dumps(obj, indent=2) + "\n")
-        shards: list[dict[str, torch.Tensor]] = [{}]
-        size = 0
-        for name, t in tensors.items():
-            n = t.numel() * t.element_size()
-            if shards[-1] and size + n > max_shard_size:
-                shards.append({})
-                size = 0
-            shards[-1][name] = t.contiguous()
-            size += n
-        if len(shards) == 1:
-            fsio.save_tensors(shards[0], tmp / "model.safetensors", metadata={"format": "pt"})
-        else:
-            wmap = {}
-            for i, shard in enumerate(shards):
-                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-                fsio.save_tensors(shard, tmp / fname, metadata={"format": "pt"})
-                wmap.update({k: fname for k in shard})
-            total = sum(t.numel() * t.element_size() for t in tensors.values())
-            index = {"metadata": {"total_size": total}, "weight_map": wmap}
-            fsio.write_text(tmp / INDEX_FILE, json.dumps(index, indent=2, sort_keys=True) + "\n")
-        fsio.publish_dir(tmp, path, prefix)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    """config.json + safetensors (+ extra JSON files), atomically (glm5.checkpoint.ShardWriter)."""
+    write_shards(path, config, tensors, max_shard_size, extra_files)
 
 
 class TensorReader:
@@ -113,14 +90,22 @@ class TensorReader:
     def __contains__(self, name: str) -> bool:
         return name in self.where
 
-    def get(self, name: str) -> torch.Tensor:
+    def _handle(self, name: str) -> Any:
         if name not in self.where:
             raise KeyError(f"checkpoint: tensor {name} missing")
         f = self.where[name]
         if f not in self._h:
             self._h[f] = safe_open(f, framework="pt", device="cpu")
+        return self._h[f]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The stored shape, read from the header only."""
+        return tuple(self._handle(name).get_slice(name).get_shape())
+
+    def get(self, name: str) -> torch.Tensor:
+        t = self._handle(name).get_tensor(name)
         self.used.add(name)
-        return self._h[f].get_tensor(name)
+        return t
 
     def unused(self) -> list[str]:
         return sorted(set(self.where) - self.used)

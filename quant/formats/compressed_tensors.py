@@ -21,7 +21,7 @@ from torch import nn
 
 from backends.formats import pack_int4, unpack_int4
 from quant.apply import quantizable
-from quant.formats.common import TensorReader, float_tensors, quantized_modules, write_checkpoint
+from quant.formats.common import Scope, TensorReader, float_tensors, quantized_modules, write_checkpoint
 from quant.recipe import W4A8, W8A8, Scheme
 
 FORMAT = "compressed-tensors"
@@ -57,8 +57,7 @@ def _template(name: str) -> str:
     return "re:^" + re.sub(r"\\\.\d+\\\.", r"\\.\\d+\\.", re.escape(name)) + "$"
 
 
-def _quantization_config(model: nn.Module) -> dict[str, Any]:
-    schemes = {n: s for n, s, *_ in quantized_modules(model)}
+def _quantization_config(model: nn.Module, schemes: dict[str, Scheme]) -> dict[str, Any]:
     groups: dict[Scheme, set[str]] = {}
     for n, s in schemes.items():
         groups.setdefault(s, set()).add(_template(n))
@@ -79,22 +78,35 @@ def _quantization_config(model: nn.Module) -> dict[str, Any]:
             "kv_cache_scheme": None, "sparsity_config": {}, "global_compression_ratio": None}
 
 
-def export(model: nn.Module, path: Path) -> None:
-    tensors = float_tensors(model)
-    for name, scheme, get, *_ in quantized_modules(model):
+def tensors(model: nn.Module, scope: Scope = None) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors of the modules in `scope` (all by default)."""
+    out = float_tensors(model, scope)
+    for name, scheme, get, *_ in quantized_modules(model, scope):
         q, scale, bias = get()
         if scheme.name == W4A8:
-            tensors[f"{name}.weight_packed"] = pack_int4_int32(q)
-            tensors[f"{name}.weight_shape"] = torch.tensor(list(q.shape), dtype=torch.int64)
+            out[f"{name}.weight_packed"] = pack_int4_int32(q)
+            out[f"{name}.weight_shape"] = torch.tensor(list(q.shape), dtype=torch.int64)
         else:
-            tensors[f"{name}.weight"] = q.to(torch.int8).clone()
-        tensors[f"{name}.weight_scale"] = scale.float().reshape(q.shape[0], -1).clone()
+            out[f"{name}.weight"] = q.to(torch.int8).clone()
+        out[f"{name}.weight_scale"] = scale.float().reshape(q.shape[0], -1).clone()
         if bias is not None:
-            tensors[f"{name}.bias"] = bias.clone()
+            out[f"{name}.bias"] = bias.clone()
+    return out
+
+
+def metadata(model: nn.Module, plan: dict[str, Scheme], names: set[str]) -> tuple[dict, dict]:
+    """(config.json additions, extra files) for a checkpoint of `model` quantized by `plan`; `model` may be
+    the float model on the meta device (a streamed conversion), `names` the tensors written."""
     cfg = model.config.to_dict()
     cfg["dtype"] = str(model.dtype).removeprefix("torch.")
-    cfg["quantization_config"] = _quantization_config(model)
-    write_checkpoint(path, cfg, tensors)
+    cfg["quantization_config"] = _quantization_config(model, plan)
+    return cfg, {}
+
+
+def export(model: nn.Module, path: Path) -> None:
+    out = tensors(model)
+    cfg, extra = metadata(model, {n: s for n, s, *_ in quantized_modules(model)}, set(out))
+    write_checkpoint(path, cfg, out, extra)
 
 
 def _scheme_of_group(g: dict[str, Any], key: str) -> Scheme:

@@ -25,7 +25,7 @@ from torch import nn
 
 from backends.formats import BLOCK, E4M3, dequantize_weight_blocks, quantize_weight_blocks
 from glm5.moe import Experts
-from quant.formats.common import TensorReader, write_checkpoint
+from quant.formats.common import Scope, TensorReader, write_checkpoint
 from quant.fp8_modules import EXPERT_PROJS, FP8Experts, FP8Linear
 
 FORMAT = "fp8"
@@ -98,21 +98,28 @@ def inventory_plan(model: nn.Module) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def export(model: nn.Module, path: Path, ue8m0: bool = False) -> None:
-    """Write a float (or FP8-loaded) model as a GLM-5-FP8-style checkpoint: the FP8 targets block-quantized
-    (or copied when already FP8), everything else as the model holds it."""
-    from glm5.checkpoint import hf_state_dict
+def tensors(model: nn.Module, scope: Scope = None) -> dict[str, torch.Tensor]:
+    """The GLM-5-FP8 checkpoint tensors of the modules in `scope` (all by default): the FP8 targets
+    block-quantized (or copied when already FP8), everything else as the model holds it."""
+    from glm5.checkpoint import _hf_names
 
-    tensors = hf_state_dict(model)
+    params = model.state_dict()
+    out = {
+        hf: (params[sd][e] if e is not None else params[sd]).detach().cpu().contiguous().clone()
+        for hf, sd, e in _hf_names(model)
+        if scope is None or scope(sd.rsplit(".", 1)[0])
+    }
     for name, mod in fp8_targets(model):
+        if scope is not None and not scope(name):
+            continue
         if isinstance(mod, FP8Linear):
-            tensors.pop(f"{name}.weight_scale_inv", None)
-            tensors[f"{name}.weight"], tensors[f"{name}.weight{SCALE_SUFFIX}"] = (
+            out.pop(f"{name}.weight_scale_inv", None)
+            out[f"{name}.weight"], out[f"{name}.weight{SCALE_SUFFIX}"] = (
                 mod.weight.cpu(),
                 mod.weight_scale_inv.cpu(),
             )
         elif isinstance(mod, nn.Linear):
-            tensors[f"{name}.weight"], tensors[f"{name}.weight{SCALE_SUFFIX}"] = quantize_weight_blocks(
+            out[f"{name}.weight"], out[f"{name}.weight{SCALE_SUFFIX}"] = quantize_weight_blocks(
                 mod.weight.detach().cpu()
             )
         else:
@@ -121,19 +128,29 @@ def export(model: nn.Module, path: Path, ue8m0: bool = False) -> None:
                     key = f"{name}.{e}.{p}"
                     if isinstance(mod, FP8Experts):
                         q, s = (t.cpu() for t in mod.fp8_weight(e, p))
-                        tensors.pop(f"{name}.{p}_scale_inv", None)
+                        out.pop(f"{name}.{p}_scale_inv", None)
                     else:
                         q, s = quantize_weight_blocks(getattr(mod, p)[e].detach().cpu())
-                    tensors[f"{key}.weight"], tensors[f"{key}.weight{SCALE_SUFFIX}"] = q, s
-    tensors = {
+                    out[f"{key}.weight"], out[f"{key}.weight{SCALE_SUFFIX}"] = q, s
+    return {
         k: v.contiguous().clone()
-        for k, v in tensors.items()
+        for k, v in out.items()
         if not k.endswith("_scale_inv") or k.endswith(f".weight{SCALE_SUFFIX}")
     }
+
+
+def metadata(model: nn.Module, ue8m0: bool = False) -> tuple[dict, dict]:
+    """(config.json, extra files) of a GLM-5-FP8-style checkpoint of `model` (may be on the meta device)."""
     cfg = model.config.to_dict()
     cfg["dtype"] = str(model.dtype).removeprefix("torch.")
     cfg["quantization_config"] = quantization_config(ue8m0)
-    write_checkpoint(Path(path), cfg, tensors)
+    return cfg, {}
+
+
+def export(model: nn.Module, path: Path, ue8m0: bool = False) -> None:
+    """Write a float (or FP8-loaded) model as a GLM-5-FP8-style checkpoint."""
+    cfg, extra = metadata(model, ue8m0)
+    write_checkpoint(Path(path), cfg, tensors(model), extra)
 
 
 # -- load ------------------------------------------------------------------------------------------------

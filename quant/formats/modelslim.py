@@ -23,7 +23,7 @@ from torch import nn
 
 from backends.formats import pack_int4, unpack_int4
 from quant.apply import tensor_schemes
-from quant.formats.common import TensorReader, float_tensors, quantized_modules, write_checkpoint
+from quant.formats.common import Scope, TensorReader, float_tensors, quantized_modules, write_checkpoint
 from quant.recipe import FLOAT, W4A8, W8A8, Scheme
 
 FORMAT = "modelslim"
@@ -53,33 +53,50 @@ def scale_bias(q: torch.Tensor, scale: torch.Tensor, sliced: bool) -> torch.Tens
     return (8.0 * parts.float() * scale.reshape(n, 1).float()).contiguous()
 
 
-def export(model: nn.Module, path: Path, plan: dict[str, Scheme] | None = None) -> None:
-    tensors = float_tensors(model)
-    desc: dict[str, Any] = {k: FLOAT for k in tensors}
-    kinds = set()
-    for name, scheme, get, *_ in quantized_modules(model):
+def tensors(model: nn.Module, scope: Scope = None) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors of the modules in `scope` (all by default)."""
+    out = float_tensors(model, scope)
+    for name, scheme, get, *_ in quantized_modules(model, scope):
         q, scale, bias = get()
         if scheme.group_size:
             raise ValueError(f"format: modelslim (vllm-ascend v1) W4A8 is per channel only; {name} has "
                              f"group_size {scheme.group_size} (use --format compressed-tensors)")
         n = q.shape[0]
-        t = {f"{name}.weight_scale": scale.float().reshape(n, 1).clone(),
-             f"{name}.weight_offset": torch.zeros(n, 1)}
+        out[f"{name}.weight_scale"] = scale.float().reshape(n, 1).clone()
+        out[f"{name}.weight_offset"] = torch.zeros(n, 1)
         if scheme.name == W4A8:
-            t[f"{name}.weight"] = pack_int4_rows(q)
-            t[f"{name}.scale_bias"] = scale_bias(q, scale, name.rsplit(".", 1)[1] in _SLICED)
+            out[f"{name}.weight"] = pack_int4_rows(q)
+            out[f"{name}.scale_bias"] = scale_bias(q, scale, name.rsplit(".", 1)[1] in _SLICED)
         else:
-            t[f"{name}.weight"] = q.to(torch.int8).clone()
+            out[f"{name}.weight"] = q.to(torch.int8).clone()
         if bias is not None:
-            t[f"{name}.bias"] = bias.float().clone()
-        tensors.update(t)
-        desc.update({k: scheme.name for k in t})
-        kinds.add(scheme.name)
+            out[f"{name}.bias"] = bias.float().clone()
+    return out
+
+
+def metadata(model: nn.Module, plan: dict[str, Scheme], names: set[str]) -> tuple[dict, dict]:
+    """(config.json, {quant_model_description.json: ...}) for the tensors `names` written from `model`
+    quantized by `plan`: a tensor is its module's scheme, FLOAT when the module is not in the plan."""
+    for name, scheme in plan.items():
+        if scheme.group_size:
+            raise ValueError(f"format: modelslim (vllm-ascend v1) W4A8 is per channel only; {name} has "
+                             f"group_size {scheme.group_size} (use --format compressed-tensors)")
+    desc = {}
+    for t in sorted(names):
+        s = plan.get(t.rsplit(".", 1)[0])
+        desc[t] = s.name if s is not None else FLOAT
+    kinds = {s.name for s in plan.values()}
     cfg = model.config.to_dict()
     cfg["dtype"] = str(model.dtype).removeprefix("torch.")
     head = {"model_quant_type": W4A8 if W4A8 in kinds else (W8A8 if kinds else FLOAT), "version": "1.0.0",
             "group_size": 0, "optional": {}}
-    write_checkpoint(path, cfg, tensors, {DESCRIPTION: {**head, **dict(sorted(desc.items()))}})
+    return cfg, {DESCRIPTION: {**head, **desc}}
+
+
+def export(model: nn.Module, path: Path) -> None:
+    out = tensors(model)
+    cfg, extra = metadata(model, {n: s for n, s, *_ in quantized_modules(model)}, set(out))
+    write_checkpoint(path, cfg, out, extra)
 
 
 def read_plan(path: Path, model: nn.Module) -> dict[str, Scheme]:

@@ -95,5 +95,6 @@ def test_quantize_reports_progress(tmp_path):
                                     "compressed-tensors", "--out", str(tmp_path / "q"), "--calib-seqs", "2",
                                     "--calib-len", "24"])
     assert res.exit_code == 0, res.output
-    for step in ("quantize: loading", "quantize: calibrating layers 3/4", "quantize: writing"):
+    for step in ("quantize: loading", "quantize: calibrating layers 3/5 (layer 2)",
+                 "quantize: calibrating layers 5/5 (layer 4, MTP, data-free)", "quantize: writing"):
         assert step in res.stderr, res.stderr
