@@ -1,4 +1,5 @@
-"""`glm5 train`: train a preset (tiny on CPU in minutes) on the standard library's source bytes."""
+"""`glm5 train`: train a preset (tiny on CPU in minutes) on the standard library's source bytes, or (stage
+rl) on its own rollouts with the IcePop objective."""
 
 from __future__ import annotations
 
@@ -26,10 +27,12 @@ _POS = click.IntRange(min=1)
 )
 @click.option("--backend", default=None, help="Backend name (default: $GLM5_BACKEND or cpu).")
 @click.option("--optimizer", type=click.Choice(MODES), default="muon-split", show_default=True)
-@click.option("--stage", type=click.Choice(["warmup", "sparse"]), default="sparse", show_default=True)
+@click.option("--stage", type=click.Choice(["warmup", "sparse", "rl"]), default="sparse", show_default=True,
+              help="warmup: indexers only, dense KL; sparse: LM + MTP + sparse KL; rl: IcePop on rollouts.")
 @model_option(help="Start from this checkpoint's weights (e.g. RUN/checkpoints/latest) instead of --config.",
               aliases=("--init",), quantized=False)
-@click.option("--batch-size", default=8, show_default=True, type=_POS)
+@click.option("--batch-size", default=8, show_default=True, type=_POS,
+              help="Windows per step (stage rl: prompts per step).")
 @click.option("--seq-len", default=128, show_default=True, type=click.IntRange(min=2))
 @click.option("--lr", default=3e-3, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option("--warmup-steps", default=20, show_default=True, type=click.IntRange(min=0),
@@ -45,10 +48,22 @@ _POS = click.IntRange(min=1)
     "--threads", default=1, show_default=True, type=click.IntRange(min=0),
     help="torch intra-op threads (0: default).",
 )
+@click.option("--group-size", default=8, show_default=True, type=click.IntRange(min=2),
+              help="Stage rl: responses per prompt (GRPO group).")
+@click.option("--prompt-len", default=16, show_default=True, type=_POS, help="Stage rl: prompt bytes.")
+@click.option("--response-len", default=16, show_default=True, type=_POS,
+              help="Stage rl: sampled tokens per response.")
+@click.option("--ppo-epochs", default=2, show_default=True, type=_POS,
+              help="Stage rl: passes over each step's rollouts.")
+@click.option("--minibatches", default=1, show_default=True, type=_POS,
+              help="Stage rl: optimizer steps per pass (must divide batch-size * group-size).")
+@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Stage rl: sampling temperature (the log-probs are taken at it too).")
 @click.option("--rollout-check/--no-rollout-check", default=True, show_default=True)
 @click.option(
     "--rollout-precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
-    help="Sample the rollout check in bf16 or with the FP8 policy (FP8 linears, indexer and cache).",
+    help="Sample in bf16 or with the FP8 policy (FP8 linears, indexer and cache): the rl stage's rollouts "
+    "and the rollout check.",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(
@@ -70,34 +85,49 @@ def train(
     save_every,
     seed,
     threads,
+    group_size,
+    prompt_len,
+    response_len,
+    ppo_epochs,
+    minibatches,
+    temperature,
     rollout_check,
     rollout_precision,
     quiet,
 ) -> None:
-    """Train GLM-5 with Muon Split, MTP and the DSA stages; metrics.jsonl, loss.png, checkpoints in OUT."""
+    """Train GLM-5 with Muon Split, MTP and the DSA stages, or RL with IcePop (--stage rl); metrics.jsonl,
+    loss.png, checkpoints in OUT."""
     from glm5.train.loop import NothingToResume, RunExists, TrainConfig, Trainer
     from glm5.train.plots import plot_metrics
 
     backend = backend or os.environ.get("GLM5_BACKEND") or MODEL_DEFAULT_BACKEND
     backend_choice(backend)
-    cfg = TrainConfig(
-        preset=preset,
-        backend=backend,
-        steps=steps,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        lr=lr,
-        warmup_steps=warmup_steps,
-        optimizer=optimizer,
-        stage=stage,
-        mtp_steps=mtp_steps,
-        eval_every=eval_every,
-        save_every=save_every,
-        seed=seed,
-        deterministic=deterministic,
-        threads=threads or None,
-        init=None if model_path is None else str(model_path),
-    )
+    with one_line_errors():
+        cfg = TrainConfig(  # a ValueError names the option (e.g. minibatches not dividing the rollouts)
+            preset=preset,
+            backend=backend,
+            steps=steps,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            lr=lr,
+            warmup_steps=warmup_steps,
+            optimizer=optimizer,
+            stage=stage,
+            mtp_steps=mtp_steps,
+            eval_every=eval_every,
+            save_every=save_every,
+            seed=seed,
+            deterministic=deterministic,
+            threads=threads or None,
+            init=None if model_path is None else str(model_path),
+            group_size=group_size,
+            prompt_len=prompt_len,
+            response_len=response_len,
+            ppo_epochs=ppo_epochs,
+            minibatches=minibatches,
+            temperature=temperature,
+            rollout_precision=rollout_precision,
+        )
     try:
         trainer = Trainer(cfg, out, resume=resume)
     except RunExists as exc:
@@ -125,3 +155,4 @@ def train(
     click.echo(json.dumps(summary, indent=2))
     click.echo(f"checkpoint: {out / 'checkpoints' / 'latest'}  (e.g. glm5 generate --model "
                f"{out / 'checkpoints' / 'latest'})", err=True)
+

@@ -4,6 +4,7 @@ expert balancing, held-out evaluation, metrics, atomic checkpoints and bit-exact
 Stages (DeepSeek-V3.2 section 2.1, GLM-5): 'warmup' freezes everything but the indexers and trains them
 on the dense KL alone; 'sparse' trains the whole model on LM + MTP while the indexers learn the KL
 restricted to their selected keys (the indexer input is detached in the model, so the two never mix).
+'rl' trains the policy on its own rollouts with the IcePop objective (glm5/train/rl.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from glm5.train.data import VOCAB_MIN, ByteCorpus
 from glm5.train.dsa import STAGES, AttentionProbe, ExpertBalancer
 from glm5.train.losses import lm_and_mtp
 from glm5.train.muon import build_optimizers
+from glm5.train.rl import check_rl_options, rl_step
 from glm5.train.state import checkpoints, latest_checkpoint, load_into, load_trainer_state, save_checkpoint
+
+TRAIN_STAGES = (*STAGES, "rl")
 
 
 class RunExists(ValueError):
@@ -63,15 +67,24 @@ class TrainConfig:
     threads: int | None = 1
     init: str | None = None  # start from this Hugging Face directory (e.g. before an indexer warm-up)
     max_bytes: int = 8 << 20
+    # stage 'rl' (glm5/train/rl.py): batch_size prompts per step, group_size responses each
+    group_size: int = 8
+    prompt_len: int = 16
+    response_len: int = 16
+    ppo_epochs: int = 2
+    minibatches: int = 1
+    temperature: float = 1.0
+    rollout_precision: str = "bf16"
 
     def __post_init__(self) -> None:
-        if self.stage not in STAGES:
-            raise ValueError(f"stage: expected one of {STAGES}, got {self.stage!r}")
+        if self.stage not in TRAIN_STAGES:
+            raise ValueError(f"stage: expected one of {TRAIN_STAGES}, got {self.stage!r}")
         if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
             raise ValueError(
                 f"steps/batch_size/seq_len: expected >= 1, >= 1, >= 2, got "
                 f"{self.steps}, {self.batch_size}, {self.seq_len}"
             )
+        check_rl_options(self)
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up, then cosine decay to min_lr_ratio * lr at the last step."""
@@ -135,7 +148,7 @@ class Trainer:
             load_into(ckpt, self.optimizers)
         self.corpus = ByteCorpus(max_bytes=cfg.max_bytes)
         self.heldout = self.corpus.heldout_batches(cfg.batch_size, cfg.seq_len, cfg.eval_batches)
-        self.probe = AttentionProbe(self.model, stage=cfg.stage)
+        self.probe = AttentionProbe(self.model, stage=None if cfg.stage == "rl" else cfg.stage)
         gamma = 0.0 if cfg.stage == "warmup" else cfg.balance_gamma
         self.balancer = ExpertBalancer(self.model, gamma)
         self.device = self.model.backend.device
@@ -143,6 +156,8 @@ class Trainer:
     # -- one step ---------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict:
         cfg = self.cfg
+        if cfg.stage == "rl":
+            return rl_step(self, step)
         t0 = time.perf_counter()
         ids = self.corpus.batch(cfg.batch_size, cfg.seq_len, cfg.seed, step).to(self.device)
         self.model.train()
@@ -227,6 +242,7 @@ class Trainer:
             "init_eval_loss": self.init_eval,
             "final_eval_loss": _last(metrics_path, "eval_loss"),
             "max_attn_logit_this_run": max_logit,
+            **(_reward_span(metrics_path) if cfg.stage == "rl" else {}),
             "train_seconds_this_run": time.perf_counter() - t0,
         }
         fsio.write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -273,6 +289,11 @@ def _truncate_metrics(path: Path, step: int) -> None:
     fsio.fsync_path(path.parent)
 
 
+def _reward_span(path: Path) -> dict:
+    rewards = [rec["reward_mean"] for rec in _records(path)]
+    return {"reward_first_step": rewards[0], "reward_last_step": rewards[-1]}
+
+
 def _last(path: Path, key: str) -> float | None:
     val = None
     for rec in _records(path):
@@ -306,7 +327,9 @@ class _progress:
         def bar(done: int, rec: dict) -> None:
             if "eval_loss" in rec:
                 last_eval[:] = [rec["eval_loss"]]
-            info = f"loss {rec['lm_loss']:.3f}" + (f"  held-out {last_eval[0]:.3f}" if last_eval else "")
+            rl = "reward_mean" in rec
+            info = f"reward {rec['reward_mean']:.3f}" if rl else f"loss {rec['lm_loss']:.3f}"
+            info += f"  held-out {last_eval[0]:.3f}" if last_eval else ""
             self.p.update(task, completed=done, info=info)
 
         return bar

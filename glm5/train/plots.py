@@ -7,7 +7,8 @@ from pathlib import Path
 
 
 def plot_metrics(metrics: str | Path, png: str | Path, init_eval: float | None = None) -> Path:
-    """Training / held-out / MTP / indexer-KL losses and the largest attention logit against the step."""
+    """Training / held-out / MTP / indexer-KL losses, the largest attention logit and (stage rl) the mean
+    reward against the step."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display on training machines
@@ -44,6 +45,11 @@ def plot_metrics(metrics: str | Path, png: str | Path, init_eval: float | None =
     ax2.plot(xs, ys, lw=1)
     ax2.set_xlabel("step")
     ax2.set_ylabel("largest attention logit")
+    xs, ys = series("reward_mean")
+    if xs:  # stage rl
+        axr = ax2.twinx()
+        axr.plot(xs, ys, color="tab:red", lw=1)
+        axr.set_ylabel("mean reward (red)", color="tab:red")
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     png = Path(png)
