@@ -6,7 +6,10 @@
     muon.py     Muon with Muon Split, the Muon / AdamW parameter split
     state.py    atomic checkpoints (HF layout + optimizer / RNG state in safetensors + JSON)
     loop.py     TrainConfig, Trainer
-    rollout.py  rollout-vs-training log-prob ratio check, batch-invariant matmul mode
+    rollout.py  the rollout sampler (decode path, bf16 or FP8 policy), rollout-vs-training ratio check,
+                batch-invariant matmul mode
+    icepop.py   IcePop: pop() (beta 2), the decoupled-clip PPO loss (0.2 / 0.28), GRPO group advantages
+    rl.py       the RL stage: group rollouts, a verifiable reward, IcePop updates
     plots.py    loss curves (PNG)
     cli.py      `glm5 train`
 """
