@@ -161,6 +161,7 @@ def convert(
                 quantize_modules(model, plan, recipe, names)
             w.add(writer.tensors(model, within(prefix)))
             layers[i] = _meta_layer(model, i, dtype)  # frees the layer
+            reader.close()  # and unmaps the source pages it read
             progress.advance(1, f"(layer {i}{', MTP, data-free' if x is not None and i >= n_main else ''})")
         if plan:
             quantize_modules(model, plan, recipe, {n for n, _ in model.named_modules() if _outside_layers(n)})

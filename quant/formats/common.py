@@ -110,6 +110,11 @@ class TensorReader:
     def unused(self) -> list[str]:
         return sorted(set(self.where) - self.used)
 
+    def close(self) -> None:
+        """Drop the open files (and their memory maps: the pages read so far stop counting as this
+        process's memory); the next `get` reopens what it needs."""
+        self._h.clear()
+
 
 @torch.no_grad()
 def fill_model(model: nn.Module, reader: TensorReader,

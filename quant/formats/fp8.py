@@ -176,6 +176,10 @@ class DequantizingReader(TensorReader):
             return dequantize_weight_blocks(t, self._raw.get(self._scales[name])).to(self.dtype)
         return t
 
+    def close(self) -> None:
+        super().close()
+        self._raw.close()
+
 
 def dequantized_state(path: str | Path, dtype: torch.dtype = torch.bfloat16):
     return DequantizingReader(Path(path), dtype)
