@@ -75,10 +75,20 @@ def score_tile(q, w, k_ptr, rows, pmask, D, BLOCK_T: tl.constexpr, HP: tl.conste
     return tl.sum(dots * w[:, :, None], axis=1)
 
 
-def query_tiles(cu_q: list[int], block_t: int, device: torch.device) -> torch.Tensor:
-    """[n_tiles, 2] int32 (request, first query row): each request's queries cut into tiles of block_t."""
-    tiles = [(b, t0) for b in range(len(cu_q) - 1) for t0 in range(cu_q[b], cu_q[b + 1], block_t)]
-    return torch.tensor(tiles, dtype=torch.int32).reshape(-1, 2).to(device)
+def query_tiles(cu_seqlens_q: torch.Tensor, num_tokens: int, block_t: int) -> torch.Tensor:
+    """[n, 2] int32 (request, first query row): each request's queries cut into tiles of block_t, computed
+    on the device (no host read, so a CUDA graph can capture the launch). n = cdiv(T, block_t) + B is fixed
+    by the shapes: the real tiles come first, the rest are (0, T), which select no query row and do nothing.
+    """
+    batch = cu_seqlens_q.shape[0] - 1
+    cu = cu_seqlens_q.to(torch.int64)
+    n_tiles = (cu[1:] - cu[:-1] + block_t - 1) // block_t
+    tile_end = torch.cumsum(n_tiles, 0)
+    j = torch.arange(triton.cdiv(num_tokens, block_t) + batch, device=cu.device)
+    b = torch.searchsorted(tile_end, j, right=True).clamp(max=batch - 1)
+    t0 = cu[b] + (j - (tile_end[b] - n_tiles[b])) * block_t
+    real = j < tile_end[-1]
+    return torch.stack([torch.where(real, b, 0), torch.where(real, t0, num_tokens)], 1).to(torch.int32)
 
 
 def block_shapes(h_i: int, d_i: int, interpreted: bool) -> tuple[int, int, int]:

@@ -80,7 +80,6 @@ def fp8_indexer_logits(
     seqlens_k: torch.Tensor,
     cu_seqlens_k: torch.Tensor | None,
     block_table: torch.Tensor | None,
-    cu_q_host: list[int],
     s_max: int,
 ) -> torch.Tensor:
     """q e4m3 [T, H_I, D_I]; k_cache e4m3 ragged [rows, D_I] / paged [nb, bs, D_I]; k_scale fp32 [rows] /
@@ -99,7 +98,7 @@ def fp8_indexer_logits(
     hp, bd, block_t = block_shapes(h_i, d_i, interpreter_active())
     bd = max(bd, 32)  # fp8 MMA needs K >= 32
     bs = 16 if interpreter_active() else 64
-    tiles = query_tiles(cu_q_host, block_t, q.device)
+    tiles = query_tiles(cu_seqlens_q, t, block_t)
     paged = block_table is not None
     meta = block_table if paged else cu_seqlens_k
     count_launch("fp8_indexer_logits")
@@ -142,8 +141,6 @@ def fp8_indexer_topk(
     seqlens_k: torch.Tensor,
     cu_seqlens_k: torch.Tensor | None,
     block_table: torch.Tensor | None,
-    cu_q_host: list[int],
-    seqlens_host: list[int],
     s_max: int,
 ) -> torch.Tensor:
     """int32 [T, topk]: the rule's top-k of `fp8_indexer_logits` over each query's causal keys, -1 after.
@@ -152,10 +149,16 @@ def fp8_indexer_topk(
     if t == 0 or s_max == 0:
         return torch.full((t, topk), -1, dtype=torch.int32, device=q.device)
     logits = fp8_indexer_logits(
-        q, k_cache, k_scale, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, cu_q_host, s_max
+        q, k_cache, k_scale, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, s_max
     )
-    lengths = torch.empty(t, dtype=torch.int64)
-    for b in range(len(cu_q_host) - 1):
-        q0, q1, s = cu_q_host[b], cu_q_host[b + 1], seqlens_host[b]
-        lengths[q0:q1] = (torch.arange(q1 - q0) + s - (q1 - q0) + 1).clamp(0, s)
-    return _topk_kernel(logits, topk, lengths.to(q.device))[1]
+    return _topk_kernel(logits, topk, causal_lengths(cu_seqlens_q, seqlens_k, t))[1]
+
+
+def causal_lengths(cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """int64 [T]: how many keys each query row sees (right-down causality: query i of T_b sees keys
+    j <= S_b - T_b + i), computed on the device."""
+    cu = cu_seqlens_q.to(torch.int64)
+    t = torch.arange(num_tokens, device=cu.device)
+    b = torch.searchsorted(cu[1:], t, right=True)
+    q0, q1, s = cu[b], cu[b + 1], seqlens_k.to(torch.int64)[b]
+    return torch.minimum((t - q0 + s - (q1 - q0) + 1).clamp(min=0), s)

@@ -46,11 +46,11 @@ def _indexer_logits_kernel(q_ptr, sq_t, sq_h, k_ptr, w_ptr, sw_t, out_ptr, s_max
 
 def indexer_logits(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    seqlens_k: torch.Tensor, cu_seqlens_k: torch.Tensor | None,
-                   block_table: torch.Tensor | None, cu_q_host: list[int], s_max: int) -> torch.Tensor:
+                   block_table: torch.Tensor | None, s_max: int) -> torch.Tensor:
     """q: [T, H_I, D_I]; k_cache: ragged [rows, D_I] or paged [nb, bs, D_I] (dtype of q);
     weights: [T, H_I] fp32; cu_seqlens_q [B+1], seqlens_k [B], exactly one of cu_seqlens_k [B+1] /
     block_table [B, max_blocks] (int32);
-    cu_q_host: cu_seqlens_q as a list; s_max: max(seqlens_k). Returns [T, s_max] float32.
+    s_max: max(seqlens_k) (a host int: the output's width). Returns [T, s_max] float32.
     Semantics: backends/reference/indexer_logits.py (SPEC 2.1)
     """
     t, h_i, d_i = q.shape
@@ -60,7 +60,7 @@ def indexer_logits(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor
     q, k_cache, weights = q.contiguous(), k_cache.contiguous(), weights.contiguous()
     hp, bd, block_t = block_shapes(h_i, d_i, interpreter_active())
     bs = 16 if interpreter_active() else 64
-    tiles = query_tiles(cu_q_host, block_t, q.device)
+    tiles = query_tiles(cu_seqlens_q, t, block_t)
     paged = block_table is not None
     block_size = k_cache.shape[1] if paged else 0
     meta = block_table if paged else cu_seqlens_k

@@ -64,7 +64,7 @@ def _indexer_topk_kernel(q_ptr, sq_t, sq_h, k_ptr, w_ptr, sw_t, out_ptr, topk, t
 
 def indexer_topk(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, cu_seqlens_q: torch.Tensor,
                  seqlens_k: torch.Tensor, cu_seqlens_k: torch.Tensor | None, block_table: torch.Tensor | None,
-                 cu_q_host: list[int], topk: int) -> torch.Tensor:
+                 topk: int) -> torch.Tensor:
     """q: [T, H_I, D_I]; k_cache: ragged [rows, D_I] or paged [nb, bs, D_I] (dtype of q);
     weights: [T, H_I] fp32;
     layout tensors as `kernels_cuda.indexer_logits.indexer_logits`; 1 <= topk <= MAX_TOPK.
@@ -81,7 +81,7 @@ def indexer_topk(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, 
     block_k, cap = buffer_slots(topk, bs)
     skey = torch.empty((t, cap), dtype=torch.int32, device=q.device)
     scol = torch.empty((t, cap), dtype=torch.int32, device=q.device)
-    tiles = query_tiles(cu_q_host, block_t, q.device)
+    tiles = query_tiles(cu_seqlens_q, t, block_t)
     paged = block_table is not None
     meta = block_table if paged else cu_seqlens_k
     count_launch("indexer_topk")

@@ -18,7 +18,8 @@ LIMITS = (
 
 
 def check(args: dict[str, Any], *, differentiable_output: bool = True) -> list[str]:
-    """For an op with a differentiable output (logits): inputs requiring grad (the kernels have no backward)."""
+    """For an op with a differentiable output (logits): inputs requiring grad (the kernels have no
+    backward)."""
     out = []
     grads = [n for n in ("q", "k_cache", "weights") if args[n].requires_grad]
     if differentiable_output and grads and torch.is_grad_enabled():
@@ -32,5 +33,4 @@ def layout_args(layout: SeqLayout) -> dict[str, Any]:
         seqlens_k=layout.seqlens_k,
         cu_seqlens_k=layout.cu_seqlens_k,
         block_table=layout.block_table,
-        cu_q_host=layout.host()["cu_q"],
     )

@@ -30,7 +30,6 @@ def fp8_indexer_topk(
     topk: int,
 ) -> torch.Tensor:
     """Semantics: backends/reference/fp8_indexer_topk.py (SPEC 7.5)"""
-    h = layout.host()
     return _kernel(
         q,
         k_cache,
@@ -41,8 +40,6 @@ def fp8_indexer_topk(
         layout.seqlens_k,
         layout.cu_seqlens_k,
         layout.block_table,
-        h["cu_q"],
-        h["seqlens_k"],
         layout.seqlen_k_max(),
     )
 
