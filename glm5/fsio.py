@@ -61,6 +61,24 @@ def write_text(path: Path, text: str) -> None:
     os.chmod(path, file_mode())
 
 
+def write_file_atomically(path: Path, write) -> None:
+    """Create or replace the file `path` in one step: `write(tmp)` fills a temporary sibling, which is
+    fsynced, given an ordinary file's mode and renamed over `path`; a kill leaves the old file (or none)
+    and at most a `.NAME.tmp-PID-*` sibling, never half a file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, file_mode())
+        fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+
+
 def save_tensors(
     tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
 ) -> None:

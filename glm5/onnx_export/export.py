@@ -19,6 +19,7 @@ import onnx.inliner
 import torch
 
 from backends.onnxruntime.functions import DOMAIN, OPSET
+from glm5 import fsio
 from glm5.cli_args import check_preset, model_option, one_line_errors
 from glm5.onnx_export.program import trace_prefill
 from glm5.onnx_export.translation import attach_functions, translation_table
@@ -55,6 +56,18 @@ def run_onnx(proto: onnx.ModelProto, input_ids: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(sess.run(["logits"], {"input_ids": input_ids.numpy()})[0])
 
 
+def _refuse_fp8(path: Path) -> None:
+    from glm5.checkpoint import read_config
+
+    qc = read_config(path).get("quantization_config") or {}
+    if qc.get("quant_method") == "fp8":
+        raise click.BadParameter(
+            f"{path} is an FP8 checkpoint: the glm5 ONNX functions have no e4m3 ops (opset {OPSET}); convert "
+            "it first (glm5 quantize --model DIR --recipe glm5-w8a8 --format compressed-tensors --out DIR2)",
+            param_hint="'--model'",
+        )
+
+
 def _load(preset: str | None, checkpoint: str | None, dtype: torch.dtype):
     from glm5.config import GLM5Config
     from glm5.model import GLM5ForCausalLM
@@ -67,14 +80,16 @@ def _load(preset: str | None, checkpoint: str | None, dtype: torch.dtype):
 @click.command("export-onnx")
 @click.option("--preset", default=None, callback=check_preset,
               help="Model preset (default: tiny) when no --model is given.")
-@model_option(help="A float checkpoint directory (config.json + safetensors).", aliases=("--checkpoint",),
-              quantized=False)
+@model_option(help="A float or W8A8 / W4A8 (compressed-tensors, msModelSlim) checkpoint directory.",
+              aliases=("--checkpoint",))
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--seq-len", type=click.IntRange(min=1), default=64, show_default=True)
 # float32 only: torch exports the absorbed-MLA einsums as ONNX Einsum, which has no bfloat16 in opset 18;
 # vendor compilers choose their own precision (ATC precision modes) from the float32 graph
 @click.option("--dtype", type=click.Choice(["float32"]), default="float32", show_default=True)
-@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Where to write the .onnx model.")
+@click.option("--out", type=click.Path(dir_okay=False), required=True,
+              help="Where to write the .onnx model (an existing file only with --overwrite).")
+@click.option("--overwrite", is_flag=True, help="Replace existing output files (atomically).")
 @click.option(
     "--inline", is_flag=True, help="Also write <out>.inlined.onnx with every glm5 function inlined."
 )
@@ -86,10 +101,21 @@ def _load(preset: str | None, checkpoint: str | None, dtype: torch.dtype):
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the verification input ids.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
-def export_onnx(preset, model_path, batch, seq_len, dtype, out, inline, verify, seed, quiet) -> None:
+def export_onnx(
+    preset, model_path, batch, seq_len, dtype, out, overwrite, inline, verify, seed, quiet
+) -> None:
     """Export the prefill graph (input_ids -> logits) with the glm5 ONNX functions."""
     if preset is not None and model_path is not None:
         raise click.UsageError("give at most one of --model or --preset")
+    inlined = str(Path(out).with_suffix("")) + ".inlined.onnx"
+    for path in [out] + ([inlined] if inline else []):
+        if Path(path).exists() and not overwrite:
+            raise click.BadParameter(f"{path} already exists; pass --overwrite to replace it",
+                                     param_hint="'--out'")
+        if not Path(path).parent.is_dir():
+            raise click.BadParameter(f"{Path(path).parent} is not a directory", param_hint="'--out'")
+    if model_path is not None:
+        _refuse_fp8(model_path)
     with Phases("export-onnx", enabled=not quiet) as progress:
         progress.phase(f"loading {model_path or preset or 'tiny'}")
         with one_line_errors("'--model'"):
@@ -97,16 +123,15 @@ def export_onnx(preset, model_path, batch, seq_len, dtype, out, inline, verify, 
         progress.phase(f"exporting the prefill graph (batch {batch}, seq-len {seq_len})")
         proto = export_prefill(model, batch, seq_len)
         progress.phase(f"writing {out}")
-        onnx.save(proto, out)
+        fsio.write_file_atomically(Path(out), lambda tmp: onnx.save(proto, str(tmp)))
         n_fn = len(proto.functions)
         click.echo(f"wrote {out}: opset {OPSET}, {len(proto.graph.node)} nodes, {n_fn} {DOMAIN} functions")
         if inline:
             progress.phase("inlining the glm5 functions")
             flat = onnx.inliner.inline_local_functions(proto)
             onnx.checker.check_model(flat, full_check=True)
-            path = str(Path(out).with_suffix("")) + ".inlined.onnx"
-            onnx.save(flat, path)
-            click.echo(f"wrote {path}: {len(flat.graph.node)} nodes, no functions")
+            fsio.write_file_atomically(Path(inlined), lambda tmp: onnx.save(flat, str(tmp)))
+            click.echo(f"wrote {inlined}: {len(flat.graph.node)} nodes, no functions")
         if not verify:
             return
         progress.phase("verifying: ONNX Runtime vs the reference backend")

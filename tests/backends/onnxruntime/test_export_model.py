@@ -148,3 +148,32 @@ def test_quantized_model_exports_with_the_int8_functions():
     with torch.no_grad():
         want = model(ids).logits
     torch.testing.assert_close(run_onnx(proto, ids), want)
+
+
+def test_cli_exports_a_quantized_checkpoint_and_never_overwrites(tmp_path):
+    """`glm5 export-onnx --model` takes a W8A8 / W4A8 checkpoint (verified against the reference), refuses an
+    existing --out without --overwrite (leaving it as it was), and refuses an FP8 checkpoint in one line."""
+    from quant import quantize_model
+    from quant.formats import fp8
+    from quant.load import export
+
+    model = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend="reference").eval()
+    model.init_weights(1)
+    fp8.export(model, tmp_path / "fp8")
+    quantize_model(model, "glm5-w4a8")
+    export(model, tmp_path / "w4a8", "compressed-tensors")
+    out = tmp_path / "q.onnx"
+    out.write_text("mine")
+    args = ["export-onnx", "--model", str(tmp_path / "w4a8"), "--seq-len", str(S), "--out", str(out),
+            "--quiet"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2 and "--overwrite" in res.output and out.read_text() == "mine"
+    res = CliRunner().invoke(main, args + ["--overwrite"])
+    assert res.exit_code == 0 and "verified" in res.output, res.output
+    calls = {n.op_type for n in onnx.load(str(out)).graph.node if n.domain == DOMAIN}
+    assert {"dynamic_quant_int8", "w8a8_matmul", "grouped_matmul_w4a8"} <= calls
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp8", "q.onnx", "w4a8"]  # no temporary left
+    res = CliRunner().invoke(main, ["export-onnx", "--model", str(tmp_path / "fp8"), "--out",
+                                    str(tmp_path / "f.onnx")])
+    err = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
+    assert res.exit_code == 2 and len(err) == 1 and "FP8" in err[0] and "glm5 quantize" in err[0], res.output
