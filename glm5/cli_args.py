@@ -101,7 +101,12 @@ def backend_choice(value: str | None, hint: str = "'--backend'", default: str | 
     """The backend `value` (None: $GLM5_BACKEND, else `default`, else reference) as a usable Backend, or
     BadParameter naming the known backends, or why this one cannot run here."""
     import backends
+    from backends.interface import validation_mode
 
+    try:
+        validation_mode()  # a bad GLM5_VALIDATE is its own error, not the backend's
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     env = os.environ.get("GLM5_BACKEND")
     if value is None and env:
         hint = "GLM5_BACKEND"

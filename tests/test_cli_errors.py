@@ -49,6 +49,7 @@ def _cases(d):
         (["generate", "--preset", "nope"], {}, "--preset"),
         (["generate", "--preset", "tiny", "--backend", "nope"], {}, "--backend"),
         (["generate", "--preset", "tiny"], {"GLM5_BACKEND": "refrence"}, "GLM5_BACKEND"),
+        (["generate", "--preset", "tiny"], {"GLM5_VALIDATE": "bogus"}, "Error: GLM5_VALIDATE: expected"),
         (["generate", "--model", run], {}, "checkpoints/latest"),
         (["generate", "--model", str(d / "empty")], {}, "--model"),
         (["generate", "--model", str(d / "missing")], {}, "--model"),
