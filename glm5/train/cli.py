@@ -15,6 +15,33 @@ from glm5.train.muon import MODES
 _POS = click.IntRange(min=1)
 
 
+def _check_resume_options(cfg, out: Path) -> None:
+    """--resume continues under the run's saved options: an option given on this command line that differs
+    from the saved one is refused by name (only --steps may change), never silently ignored."""
+    import dataclasses
+
+    from click.core import ParameterSource
+
+    from glm5.train.state import latest_checkpoint, load_trainer_state
+
+    ckpt = latest_checkpoint(out / "checkpoints")
+    if ckpt is None:
+        return  # the Trainer says there is nothing to resume
+    saved = load_trainer_state(ckpt)["config"]
+    ctx = click.get_current_context()
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    for param in ctx.command.params:
+        name = {"model_path": "init"}.get(param.name, param.name)
+        if name == "steps" or name not in fields or name not in saved:
+            continue
+        if ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
+            continue
+        if getattr(cfg, name) != saved[name]:
+            raise click.BadParameter(
+                f"the run in {out} was started with {saved[name]!r}; --resume continues under its saved "
+                "options (only --steps may change)", param_hint=f"'{param.opts[0]}'")
+
+
 @click.command()
 @click.option("--config", "preset", default="tiny", show_default=True, callback=check_preset,
               help="Preset from glm5/presets/.")
@@ -128,6 +155,8 @@ def train(
             temperature=temperature,
             rollout_precision=rollout_precision,
         )
+    if resume:
+        _check_resume_options(cfg, Path(out))
     try:
         trainer = Trainer(cfg, out, resume=resume)
     except RunExists as exc:
@@ -148,7 +177,7 @@ def train(
 
         prompts = trainer.heldout[0][:2, :32].to(trainer.device)
         stats = check(trainer.model, prompts, 16, seed=seed, invariant=trainer.cfg.deterministic,
-                      rollout_precision=rollout_precision)
+                      rollout_precision=trainer.cfg.rollout_precision)
         stats.pop("sampled")
         summary["rollout"] = stats
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

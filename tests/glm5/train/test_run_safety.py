@@ -102,3 +102,16 @@ def test_resume_with_nothing_and_bad_numbers_are_one_line_errors(tmp_path):
         res = _train(tmp_path / "new", *extra)
         assert res.exit_code == 2, (extra, res.output)
         assert "Traceback" not in res.output and word in res.output, res.output
+
+
+def test_resume_refuses_an_option_that_differs_from_the_saved_run(tmp_path):
+    out = tmp_path / "run"
+    assert _train(out, "--steps", "2", "--save-every", "1").exit_code == 0
+    res = _train(out, "--steps", "3", "--resume", "--lr", "0.01")
+    err = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
+    assert res.exit_code == 2 and len(err) == 1, res.output
+    assert "'--lr'" in err[0] and "0.003" in err[0] and "only --steps" in err[0], res.output
+    assert latest_checkpoint(out / "checkpoints").name == "step-000002"  # nothing ran
+    res = _train(out, "--steps", "3", "--resume", "--seq-len", "16")  # the saved value: accepted
+    assert res.exit_code == 0, res.output
+    assert latest_checkpoint(out / "checkpoints").name == "step-000003"
