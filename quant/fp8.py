@@ -150,8 +150,9 @@ def fp8_policy(model: nn.Module) -> nn.Module:
 
 
 def fp8_backend(be: Any) -> Any:
-    """`be` if it serves the FP8 ops, else the reference backend: named, not silent (the rollout check
-    reports `fp8_backend`), since a CPU or Ascend backend has no FP8 datapath to sample with."""
+    """`be` itself if it serves every FP8 op the policy calls (cuda, cpu, the reference), else the reference
+    backend: named, not silent (the rollout check reports `fp8_backend` with the reason), for a backend
+    with no FP8 datapath to sample with (Ascend A2/A3)."""
     import backends
 
     return be if all(be.capabilities(op) for op in FP8_OPS) else backends.get("reference")
