@@ -3,8 +3,9 @@
 Exact where the contract is exact (top-k orders, integer accumulators, dynamic quant: bitwise the
 reference's), within the contract's tolerances elsewhere. The FP8 ops (SPEC 7) too: e4m3 is decoded in
 torch (`_fp8.py`), block dots are exact in fp64, so the quantizers, the block / grouped GEMMs and the FP8
-indexer top-k are the reference's bits; FP8 indexer logits and attention are within tolerance. The reference stays the oracle: nothing here
-calls it. Which file serves which op: backends/cpu/<op>.py (capabilities next to the function).
+indexer top-k are the reference's bits; FP8 indexer logits and attention are within tolerance. The
+reference stays the oracle: nothing here calls it. Which file serves which op: backends/cpu/<op>.py
+(capabilities next to the function).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ def request_keys(
     scales = keys_of_request(k_scale.unsqueeze(-1), layout, b, s)[:, 0].float()
     keys = torch.empty(s, codes.shape[-1], dtype=dtype)
     for r0 in range(0, s, DECODE_ROWS):
-        keys[r0 : r0 + DECODE_ROWS] = decode(codes[r0 : r0 + DECODE_ROWS].contiguous(), dtype)
+        decode(codes[r0 : r0 + DECODE_ROWS], dtype, out=keys[r0 : r0 + DECODE_ROWS])
     return keys, scales
 
 

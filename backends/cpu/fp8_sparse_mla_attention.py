@@ -27,7 +27,7 @@ def dequantize(raw: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """uint8 rows [R, 656] -> fp32 [R, 576] into `out`: FlashMLA's read of the V3.2 row."""
     r = raw.shape[0]
     lat = out[:, :LATENT].view(r, TILES, BLOCK)
-    lat.copy_(decode(raw[:, :LATENT].contiguous()).view(r, TILES, BLOCK))
+    decode(raw[:, :LATENT].view(r, TILES, BLOCK), out=lat)
     scale = raw[:, LATENT : LATENT + 4 * TILES].contiguous().view(torch.float32)
     lat.mul_(scale.bfloat16().float()[..., None])
     lat.copy_(lat.bfloat16())  # one product of <= 12 significant bits, rounded once to bf16

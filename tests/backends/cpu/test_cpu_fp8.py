@@ -71,6 +71,21 @@ def test_block_matmul_bitwise(cpu, ref, m, k, n):
         assert torch.equal(_bits(got), _bits(ref.fp8_block_matmul(x_q, x_s, w_q, w_s, b, dt)))
 
 
+def test_nan_codes_reach_the_gemm_outputs_as_in_the_reference(cpu, ref):
+    """NaN codes are outside the quantizers' contract, but a NaN operand must not read as a number (the
+    fast decode's re-biased bits would say 480); also found at odd storage offsets (`has_nan_code`)."""
+    g = torch.Generator().manual_seed(9)
+    x_q, x_s = activations(g, 5, 300)
+    w_q, w_s = weights(g, 3, 140, 300)
+    x_q[2, 131] = float("nan")
+    w_q[1, 7, 5] = float("nan")
+    offs = torch.tensor([0, 1, 4, 5], dtype=torch.int32)  # expert 1's rows start at an odd offset
+    got = _run(cpu, "fp8_grouped_matmul", x_q, x_s, w_q, w_s, offs, torch.float32)
+    want = ref.fp8_grouped_matmul(x_q, x_s, w_q, w_s, offs, torch.float32)
+    assert torch.isnan(want).any() and torch.equal(torch.isnan(got), torch.isnan(want))
+    assert torch.equal(_bits(got.nan_to_num()), _bits(want.nan_to_num()))
+
+
 def test_grouped_matmul_bitwise(cpu, ref):
     g = torch.Generator().manual_seed(1)
     counts = [0, 5, 1, 0, 9, 3]
