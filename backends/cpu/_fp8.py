@@ -25,7 +25,7 @@ ROW_ELEMS = 1 << 19
 def has_nan_code(codes: torch.Tensor) -> bool:
     """Whether any byte of an e4m3 tensor is a NaN code (x & 0x7f == 0x7f), eight bytes per int64 lane:
     t = (w & 0x7f..) ^ 0x7f.. has a zero byte exactly there, found by (t - 0x01..) & ~t & 0x80.."""
-    u = codes.view(torch.uint8).reshape(-1)
+    u = codes.view(torch.uint8).contiguous().reshape(-1)  # a copy only for a strided view
     if u.numel() % 8 or u.numel() == 0 or u.storage_offset() % 8:
         return bool(((u & 0x7F) == 0x7F).any())
     t = u.view(torch.int64).bitwise_and(_LOW7).bitwise_xor_(_LOW7)

@@ -69,6 +69,11 @@ def test_block_matmul_bitwise(cpu, ref, m, k, n):
     for b, dt in ((None, torch.float32), (bias, torch.float32), (bias, torch.bfloat16)):
         got = _run(cpu, "fp8_block_matmul", x_q, x_s, w_q, w_s, b, dt)
         assert torch.equal(_bits(got), _bits(ref.fp8_block_matmul(x_q, x_s, w_q, w_s, b, dt)))
+    w_t = w_q.T.contiguous().T  # a transposed weight and a strided activation: the same bits
+    x_st = torch.cat([x_q.view(torch.uint8), x_q.view(torch.uint8)], 1).view(x_q.dtype)[:, ::2]
+    x_st.view(torch.uint8).copy_(x_q.view(torch.uint8))
+    got = _run(cpu, "fp8_block_matmul", x_st, x_s, w_t, w_s, None, torch.float32)
+    assert torch.equal(_bits(got), _bits(ref.fp8_block_matmul(x_q, x_s, w_q, w_s, None, torch.float32)))
 
 
 def test_nan_codes_reach_the_gemm_outputs_as_in_the_reference(cpu, ref):
