@@ -44,9 +44,12 @@ class FP8Linear(nn.Module):
         )
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=E4M3, device=device))
         self.register_buffer(
-            "weight_scale_inv", torch.zeros(*_scale_shape(out_features, in_features), device=device)
+            "weight_scale_inv",
+            torch.zeros(*_scale_shape(out_features, in_features), dtype=torch.float32, device=device),
         )
-        self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
+        self.register_buffer(
+            "bias", torch.zeros(out_features, dtype=torch.float32, device=device) if bias else None
+        )
 
     def use_backend(self, backend: Backend) -> None:
         """Compute with `backend` (the model calls this when its backend is set)."""
@@ -90,7 +93,9 @@ class FP8Experts(nn.Module):
         e, d, i = n_experts, hidden, inter
         for p, (n, k) in (("gate_proj", (i, d)), ("up_proj", (i, d)), ("down_proj", (d, i))):
             self.register_buffer(p, torch.zeros(e, n, k, dtype=E4M3, device=device))
-            self.register_buffer(f"{p}_scale_inv", torch.zeros(e, *_scale_shape(n, k), device=device))
+            self.register_buffer(
+                f"{p}_scale_inv", torch.zeros(e, *_scale_shape(n, k), dtype=torch.float32, device=device)
+            )
 
     def set_fp8(self, e: int, proj: str, w_q: torch.Tensor, scale_inv: torch.Tensor) -> None:
         getattr(self, proj)[e].copy_(w_q)

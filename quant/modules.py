@@ -16,6 +16,8 @@ from backends import Backend, moe
 from backends.formats import pack_int4, unpack_int4
 from quant.recipe import W4A8, W8A8, Scheme
 
+F32 = torch.float32  # scales and biases are fp32 whatever torch's default dtype (vLLM sets bf16)
+
 
 def _pack(q: torch.Tensor, scheme: Scheme) -> torch.Tensor:
     return pack_int4(q) if scheme.name == W4A8 else q.to(torch.int8)
@@ -52,11 +54,12 @@ class QuantLinear(nn.Module):
             raise ValueError(f"group_size: expected a divisor of in_features={k}, got {scheme.group_size}")
         if scheme.name == W4A8:
             self.register_buffer("weight", torch.zeros(n, k // 2, dtype=torch.uint8, device=device))
-            self.register_buffer("weight_scale", torch.zeros(n, k // self.group_size, device=device))
+            self.register_buffer("weight_scale",
+                                 torch.zeros(n, k // self.group_size, dtype=F32, device=device))
         else:
             self.register_buffer("weight", torch.zeros(n, k, dtype=torch.int8, device=device))
-            self.register_buffer("weight_scale", torch.zeros(n, device=device))
-        self.register_buffer("bias", torch.zeros(n, device=device) if bias else None)
+            self.register_buffer("weight_scale", torch.zeros(n, dtype=F32, device=device))
+        self.register_buffer("bias", torch.zeros(n, dtype=F32, device=device) if bias else None)
         self.use_backend(backend)
 
     @classmethod
@@ -140,14 +143,14 @@ class QuantExperts(nn.Module):
             )
         if scheme.name == W4A8:
             self.register_buffer("w13", torch.zeros(e, 2 * i, d // 2, dtype=torch.uint8, device=device))
-            self.register_buffer("w13_scale", torch.zeros(e, 2 * i, d // self.gs13, device=device))
+            self.register_buffer("w13_scale", torch.zeros(e, 2 * i, d // self.gs13, dtype=F32, device=device))
             self.register_buffer("w2", torch.zeros(e, d, i // 2, dtype=torch.uint8, device=device))
-            self.register_buffer("w2_scale", torch.zeros(e, d, i // self.gs2, device=device))
+            self.register_buffer("w2_scale", torch.zeros(e, d, i // self.gs2, dtype=F32, device=device))
         else:
             self.register_buffer("w13", torch.zeros(e, 2 * i, d, dtype=torch.int8, device=device))
-            self.register_buffer("w13_scale", torch.zeros(e, 2 * i, device=device))
+            self.register_buffer("w13_scale", torch.zeros(e, 2 * i, dtype=F32, device=device))
             self.register_buffer("w2", torch.zeros(e, d, i, dtype=torch.int8, device=device))
-            self.register_buffer("w2_scale", torch.zeros(e, d, device=device))
+            self.register_buffer("w2_scale", torch.zeros(e, d, dtype=F32, device=device))
 
     def set_int(self, e: int, proj: str, q: torch.Tensor, scale: torch.Tensor) -> None:
         """Expert e's `gate_proj` / `up_proj` / `down_proj`: q int8 [N, K], scale fp32 [N, G]."""

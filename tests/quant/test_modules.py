@@ -99,3 +99,26 @@ def test_bad_scheme_and_group():
         QuantLinear(24, 8, Scheme(W4A8, 16), be)
     with pytest.raises(ValueError, match="group_size"):
         QuantExperts(2, 32, 24, Scheme(W4A8, 16))
+
+
+def test_scales_stay_fp32_under_a_bf16_default_dtype():
+    """vLLM builds models under torch.set_default_dtype(bf16): scales and biases must still be fp32 (the
+    contract's dtype), or every quantized call is refused by the front door."""
+    from backends import get
+    from quant.fp8_modules import FP8Experts, FP8Linear
+    from quant.modules import QuantExperts, QuantLinear
+    from quant.recipe import W4A8, W8A8, Scheme
+
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        be = get("reference")
+        mods = [QuantLinear(64, 32, Scheme(W8A8), be, bias=True), QuantLinear(64, 32, Scheme(W4A8, 32), be),
+                QuantExperts(2, 64, 32, Scheme(W8A8)), QuantExperts(2, 64, 32, Scheme(W4A8)),
+                FP8Linear(64, 32, be, bias=True), FP8Experts(2, 64, 32)]
+    finally:
+        torch.set_default_dtype(before)
+    for m in mods:
+        for name, b in m.named_buffers():
+            if b.is_floating_point() and b.dtype != torch.float8_e4m3fn:
+                assert b.dtype == torch.float32, (type(m).__name__, name, b.dtype)

