@@ -15,6 +15,7 @@ from torch import nn
 
 from backends import Backend, moe
 from backends.formats import BLOCK, E4M3, EPS_DEEPSEEK, cdiv, dequantize_weight_blocks
+from quant.modules import Fp32Scales
 
 EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 
@@ -23,7 +24,7 @@ def _scale_shape(n: int, k: int) -> tuple[int, int]:
     return cdiv(n, BLOCK), cdiv(k, BLOCK)
 
 
-class FP8Linear(nn.Module):
+class FP8Linear(Fp32Scales):
     """y = W x: fp8_quant_group(x) then fp8_block_matmul, output in x's dtype."""
 
     def __init__(
@@ -76,7 +77,7 @@ class FP8Linear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, fp8 e4m3 128x128 blocks, ue8m0={self.ue8m0}"
 
 
-class FP8Experts(nn.Module):
+class FP8Experts(Fp32Scales):
     """Routed experts with e4m3 weights: gate_proj / up_proj [E, I, D], down_proj [E, D, I], each with its
     `<proj>_scale_inv` [E, ceil(rows/128), ceil(cols/128)]. forward as glm5.moe.Experts."""
 

@@ -19,6 +19,21 @@ from quant.recipe import W4A8, W8A8, Scheme
 F32 = torch.float32  # scales and biases are fp32 whatever torch's default dtype (vLLM sets bf16)
 
 
+class Fp32Scales(nn.Module):
+    """A quantized layer's scales and biases are fp32 by the contract. `model.to(dtype)`, `.bfloat16()` or
+    `.half()` change the float model's compute dtype; these buffers follow device moves but keep fp32
+    (cast to bf16 they would lose bits, and the front door would refuse them)."""
+
+    def _apply(self, fn, recurse=True):
+        keep = {n: b for n, b in self._buffers.items() if b is not None and b.dtype == F32}
+        super()._apply(fn, recurse)
+        for n, old in keep.items():
+            new = self._buffers[n]
+            if new.dtype != F32:
+                self._buffers[n] = old.to(new.device)
+        return self
+
+
 def _pack(q: torch.Tensor, scheme: Scheme) -> torch.Tensor:
     return pack_int4(q) if scheme.name == W4A8 else q.to(torch.int8)
 
@@ -27,7 +42,7 @@ def _unpack(w: torch.Tensor, scheme: Scheme) -> torch.Tensor:
     return unpack_int4(w) if scheme.name == W4A8 else w
 
 
-class QuantLinear(nn.Module):
+class QuantLinear(Fp32Scales):
     """y = W x through the backend: x [.., K] float -> [.., N] of x's dtype.
 
     W8A8: dynamic_quant_int8 + w8a8_matmul; W4A8: dynamic_quant_int8 + w4a8_matmul.
@@ -115,7 +130,7 @@ class QuantLinear(nn.Module):
         )
 
 
-class QuantExperts(nn.Module):
+class QuantExperts(Fp32Scales):
     """Routed experts with quantized weights: gate and up fused into w13 [E, 2I, D(/2)], w2 [E, D, I(/2)].
 
     forward(x [T, D], ids int32 [T, k], w fp32 [T, k], be) as glm5.moe.Experts: per token quantize, one

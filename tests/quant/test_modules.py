@@ -102,8 +102,9 @@ def test_bad_scheme_and_group():
 
 
 def test_scales_stay_fp32_under_a_bf16_default_dtype():
-    """vLLM builds models under torch.set_default_dtype(bf16): scales and biases must still be fp32 (the
-    contract's dtype), or every quantized call is refused by the front door."""
+    """vLLM builds models under torch.set_default_dtype(bf16), and users cast models with .to(dtype): scales
+    and biases must stay fp32 (the contract's dtype), or every quantized call is refused by the front door."""
+    E4M3 = torch.float8_e4m3fn
     from backends import get
     from quant.fp8_modules import FP8Experts, FP8Linear
     from quant.modules import QuantExperts, QuantLinear
@@ -119,6 +120,11 @@ def test_scales_stay_fp32_under_a_bf16_default_dtype():
     finally:
         torch.set_default_dtype(before)
     for m in mods:
-        for name, b in m.named_buffers():
-            if b.is_floating_point() and b.dtype != torch.float8_e4m3fn:
-                assert b.dtype == torch.float32, (type(m).__name__, name, b.dtype)
+        scales = {n: b.clone() for n, b in m.named_buffers() if b.is_floating_point() and b.dtype != E4M3}
+        assert scales and all(b.dtype == torch.float32 for b in scales.values()), type(m).__name__
+        for n in scales:
+            m.get_buffer(n).normal_()
+        before = {n: m.get_buffer(n).clone() for n in scales}
+        m.to(torch.bfloat16)  # the model's compute dtype; the scales stay fp32, bit for bit
+        for n in scales:
+            assert m.get_buffer(n).dtype == torch.float32 and torch.equal(m.get_buffer(n), before[n]), n

@@ -112,7 +112,8 @@ def _corrupt(src, dst, edit):
     [
         (lambda t: t.pop("model.layers.2.self_attn.o_proj.weight"), "1 missing tensor(s): model.layers.2"),
         (lambda t: t.update(extra=torch.zeros(1)), "1 unexpected tensor(s): extra"),
-        (lambda t: t.update({"model.norm.weight": torch.zeros(3)}), "mis-shaped tensor(s): model.norm.weight"),
+        (lambda t: t.update({"model.norm.weight": torch.zeros(3)}),
+         "mis-shaped tensor(s): model.norm.weight"),
     ],
 )
 def test_a_source_that_does_not_fit_fails_before_writing(sources, tmp_path, edit, words):
