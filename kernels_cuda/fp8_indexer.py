@@ -7,8 +7,9 @@ rows are the M side of one dot, keys read through the layout in the kernel), wit
            summed in fp32 under the interpreter),
     logits = k_scale[row] * sum_h weights[t, h] * relu(dots)          (scale after the head sum, as fp8_index)
 -inf where not causal. fp32 results agree with the fp64 reference to rounding, not bitwise.
-Top-k: these logits, then kernels_cuda.topk (deterministic, lower index first) with the causal counts as
-row lengths; peak memory is the [T, S_max] logits.
+Top-k: the fused kernel of kernels_cuda/indexer_topk.py scores the same way (the per-key scale after the
+head sum) into its running per-query top-k, so the [T, S] logits are never materialised: scratch is
+O(T * topk), as for the bf16 indexer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import triton.language as tl
 
 from kernels_cuda._indexer_score import block_shapes, cache_rows, load_queries, query_tiles, tile_queries
 from kernels_cuda._launches import count_launch, interpreter_active
-from kernels_cuda.topk import topk as _topk_kernel
+from kernels_cuda.indexer_topk import indexer_topk as _fused_topk
 
 
 @triton.jit
@@ -141,24 +142,8 @@ def fp8_indexer_topk(
     seqlens_k: torch.Tensor,
     cu_seqlens_k: torch.Tensor | None,
     block_table: torch.Tensor | None,
-    s_max: int,
 ) -> torch.Tensor:
-    """int32 [T, topk]: the rule's top-k of `fp8_indexer_logits` over each query's causal keys, -1 after.
+    """int32 [T, topk]: the rule's top-k of `fp8_indexer_logits` over each query's causal keys, -1 after,
+    fused (the logits are never materialised: kernels_cuda.indexer_topk with the per-key scale).
     Semantics: backends/reference/fp8_indexer_topk.py (SPEC 7.5)"""
-    t = q.shape[0]
-    if t == 0 or s_max == 0:
-        return torch.full((t, topk), -1, dtype=torch.int32, device=q.device)
-    logits = fp8_indexer_logits(
-        q, k_cache, k_scale, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, s_max
-    )
-    return _topk_kernel(logits, topk, causal_lengths(cu_seqlens_q, seqlens_k, t))[1]
-
-
-def causal_lengths(cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """int64 [T]: how many keys each query row sees (right-down causality: query i of T_b sees keys
-    j <= S_b - T_b + i), computed on the device."""
-    cu = cu_seqlens_q.to(torch.int64)
-    t = torch.arange(num_tokens, device=cu.device)
-    b = torch.searchsorted(cu[1:], t, right=True)
-    q0, q1, s = cu[b], cu[b + 1], seqlens_k.to(torch.int64)[b]
-    return torch.minimum((t - q0 + s - (q1 - q0) + 1).clamp(min=0), s)
+    return _fused_topk(q, k_cache, weights, cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, topk, k_scale)

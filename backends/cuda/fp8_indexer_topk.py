@@ -1,7 +1,7 @@
-"""cuda backend: fp8_indexer_topk (SPEC 7.5) -> kernels_cuda.fp8_indexer: the FP8 logits kernel, then the
-deterministic top-k kernel (kernels_cuda.topk, lower index first) over each query's causal keys. Peak
-memory is the [T, S_max] fp32 logits (the bf16 indexer_topk kernel fuses the selection; this one does
-not yet)."""
+"""cuda backend: fp8_indexer_topk (SPEC 7.5) -> kernels_cuda.fp8_indexer: the fused indexer top-k kernel
+(kernels_cuda/indexer_topk.py) on e4m3 queries and keys, each key's fp32 scale applied after the head
+sum, selected into a running per-query top-k (lower index first). The [T, S] logits are never
+materialised: scratch is O(T * topk), as for the bf16 indexer_topk."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from backends.layout import SeqLayout
 from backends.limits import Limit
 from backends.ops import FP8
 from kernels_cuda.fp8_indexer import fp8_indexer_topk as _kernel
-from kernels_cuda.topk import MAX_K
+from kernels_cuda.indexer_topk import MAX_TOPK
 
 
 def _limits(args) -> list[str]:
@@ -40,7 +40,6 @@ def fp8_indexer_topk(
         layout.seqlens_k,
         layout.cu_seqlens_k,
         layout.block_table,
-        layout.seqlen_k_max(),
     )
 
 
@@ -50,7 +49,7 @@ IMPL = OpImpl(
         FP8,
         ("ragged", "paged"),
         limits=_indexer.LIMITS
-        + (Limit("topk", max=MAX_K, reason="the final sort keeps topk pairs in one program"),),
+        + (Limit("topk", max=MAX_TOPK, reason="the final sort keeps topk pairs in one program"),),
         notes={"GPU": "sm_89+"},
         check=chain(fp8_reasons, _limits),
         tie_rule="lower_index",

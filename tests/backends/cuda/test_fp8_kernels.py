@@ -8,6 +8,8 @@ Semantics: backends/reference/fp8_*.py (SPEC 7)
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -145,3 +147,31 @@ def test_sparse_mla_on_fp8_cache(cuda, device, dt):
     torch.testing.assert_close(out.cpu().float(), r_out.float(), rtol=rtol, atol=atol)
     torch.testing.assert_close(lse.cpu(), r_lse, rtol=8 / 65536, atol=1e-6)
     assert (out[2] == 0).all() and torch.isneginf(lse[2]).all()
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_indexer_topk_is_fused_and_keeps_the_tie_rule(cuda, device, launches, paged):
+    """One fused launch (no [T, S] logits, no separate top-k), bitwise the reference, with exact ties from
+    duplicated keys (lower position first, across the running buffer's compactions) and -1 padding."""
+    g = torch.Generator().manual_seed(7)
+    q_lens, k_lens = [2, 1, 3], [700, 40, 260]
+    q = torch.randint(-2, 3, (6, 4, 32), generator=g).float()
+    base = torch.randint(-1, 2, (50, 32), generator=g).float()
+    k = base[torch.randint(0, 50, (sum(k_lens),), generator=g)]  # every key repeats: exact ties
+    q8, k8 = q.to(torch.float8_e4m3fn), k.to(torch.float8_e4m3fn)
+    ks = torch.full((sum(k_lens),), 0.5)
+    w = torch.randint(1, 3, (6, 4), generator=g).float()
+    layout = SeqLayout.from_lengths(q_lens, k_lens, block_size=16 if paged else None)
+    if paged:
+        rows = torch.cat([layout.physical_rows(b, torch.arange(s), torch.empty(0, 16, 32))
+                          for b, s in enumerate(k_lens)])
+        nb = int(layout.block_table.max()) + 1
+        cache = torch.full((nb * 16, 32), float("nan")).to(torch.float8_e4m3fn)
+        scale = torch.full((nb * 16,), float("nan"))
+        cache[rows], scale[rows] = k8, ks
+        k8, ks = cache.view(nb, 16, 32), scale.view(nb, 16)
+    want = ref_topk(q8, k8, ks, w, layout, 64)
+    got = cuda.fp8_indexer_topk(*(t.to(device) for t in (q8, k8, ks, w)), layout.to(device), 64).cpu()
+    assert torch.equal(got, want)
+    assert (got[2, 40:] == -1).all() and (got[2, :40] >= 0).all()  # the 40-key request's decode row pads
+    assert launches() == Counter({"fp8_indexer_topk": 1})

@@ -1,6 +1,6 @@
 """The cuda indexer ops read nothing back to the host (so a CUDA graph can capture a decode step): the query
-tiling and the per-row causal lengths are computed on the device, and the ops run on a trusted layout
-(host max_seqlen_k) while `SeqLayout.host()` refuses to be called, matching the reference."""
+tiling is computed on the device, and the ops run on a trusted layout (host max_seqlen_k) while
+`SeqLayout.host()` refuses to be called, matching the reference."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import backends
 from backends import SeqLayout
 from backends.reference.fp8_indexer_logits import quantize_indexer_inputs
 from kernels_cuda._indexer_score import query_tiles
-from kernels_cuda.fp8_indexer import causal_lengths
 from tests.backends.cuda.test_indexer_topk import make
 
 
@@ -32,15 +31,6 @@ def test_device_tiling_is_the_host_tiling(q_lens, block_t):
     got = query_tiles(cu, sum(q_lens), block_t)
     assert got.dtype == torch.int32
     assert got.tolist() == [list(x) for x in _host_tiles(q_lens, block_t)]
-
-
-def test_device_causal_lengths():
-    q_lens, k_lens = [3, 0, 1, 4], [10, 5, 1, 2]  # chunked prefill, empty request, decode, T_b > S_b
-    cu = torch.tensor([0, 3, 3, 4, 8], dtype=torch.int32)
-    want = []
-    for tq, s in zip(q_lens, k_lens, strict=True):
-        want += [min(max(s - tq + i + 1, 0), s) for i in range(tq)]
-    assert causal_lengths(cu, torch.tensor(k_lens, dtype=torch.int32), 8).tolist() == want
 
 
 def _no_host(monkeypatch):
