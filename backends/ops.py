@@ -102,7 +102,9 @@ OPS: dict[str, OpSpec] = {
             grad_args=("h", "weight"),
         ),
         # FP8 (SPEC 7): forward-only ops, served where an FP8 datapath exists (validators: validation_fp8)
-        OpSpec("fp8_quant_group", "7.1", FLOATS, lambda a: dtype_name(a["x"].dtype), v8.check_fp8_quant_group),
+        OpSpec(
+            "fp8_quant_group", "7.1", FLOATS, lambda a: dtype_name(a["x"].dtype), v8.check_fp8_quant_group
+        ),
         OpSpec(
             "fp8_block_matmul",
             "7.2",
@@ -137,7 +139,11 @@ OPS: dict[str, OpSpec] = {
             "k_cache",
         ),
         OpSpec(
-            "fp8_mla_cache_quant", "7.6", FLOATS, lambda a: dtype_name(a["kv"].dtype), v8.check_fp8_mla_cache_quant
+            "fp8_mla_cache_quant",
+            "7.6",
+            FLOATS,
+            lambda a: dtype_name(a["kv"].dtype),
+            v8.check_fp8_mla_cache_quant,
         ),
         OpSpec(
             "fp8_sparse_mla_attention",

@@ -19,8 +19,8 @@ import backends
 from backends import Backend, BackendUnavailable, NotSupported, OpCaps, OpImpl, SeqLayout, registry
 from backends.counters import REFERENCE_CALLS
 from backends.ops import OPS
-from tests.backends.reference._fp8_samples import FP8_OUT_DTYPE
 from backends.reference.w4a8_matmul import pack_int4
+from tests.backends.reference._fp8_samples import FP8_OUT_DTYPE
 
 BUILTINS = ["reference", "cpu", "cuda", "ascend", "onnxruntime"]
 
@@ -62,7 +62,8 @@ def test_get_by_name_env_and_default(monkeypatch):
     monkeypatch.setenv("GLM5_BACKEND", "reference")
     assert backends.get() is ref
     monkeypatch.setenv("GLM5_BACKEND", "no-such-backend")
-    with pytest.raises(BackendUnavailable, match="unknown backend 'no-such-backend'; known: reference, cpu, cuda"):
+    known = "unknown backend 'no-such-backend'; known: reference, cpu, cuda"
+    with pytest.raises(BackendUnavailable, match=known):
         backends.get()
 
 

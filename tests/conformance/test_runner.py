@@ -125,10 +125,11 @@ def test_limit_cases_at_the_bound_pass_and_past_it_are_declined():
     from backends.ops import FLOATS
     from backends.reference.topk import topk as ref_topk
 
+    bound = (Limit("k", max=40, reason="test"),)
+
     class Bounded(backends.Backend):
         name = "bounded"
-        ops = {"topk": OpImpl(ref_topk.__wrapped__, OpCaps(FLOATS, limits=(Limit("k", max=40, reason="test"),),
-                                                           tie_rule="lower_index"))}
+        ops = {"topk": OpImpl(ref_topk.__wrapped__, OpCaps(FLOATS, limits=bound, tie_rule="lower_index"))}
 
     sel = cases.for_backend(Bounded(), ["topk"], "limits", dtypes=["float32"])
     assert sorted(c.id for c, _ in sel) == ["limits/k_at_40", "limits/k_past_41"]
