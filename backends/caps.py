@@ -82,8 +82,15 @@ class OpCaps:
 class OpImpl:
     """One op as a backend serves it: the function (taking the SPEC's argument names), its caps, and
     optionally `prepare`: weight arguments (name -> tensor) -> the same weights in the backend's layout,
-    run once at load by `Backend.prepare` (same logical shape, dtype and values)."""
+    run once at load by `Backend.prepare` (same logical shape, dtype and values).
+
+    `backward(args, outputs, grad_outputs)` -> one gradient per `OPS[op].grad_args`: a differentiable
+    op's gradients from its forward's own outputs, so training runs the forward once. Without it the
+    custom op recomputes the forward under autograd in the backward. `backward_forces`: forward
+    arguments the backward needs when a gradient will be taken (sparse attention: return_lse=True)."""
 
     fn: Callable[..., Any]
     caps: OpCaps
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    backward: Callable[[dict[str, Any], tuple, tuple], tuple] | None = None
+    backward_forces: dict[str, Any] | None = None

@@ -189,7 +189,15 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
                 # nothing is tracing and no gradient is wanted: the custom op would only add its Python
                 # dispatch cost (about 15 us a call) to the same implementation
                 return self.run(op, args)
+        if wants_grad and impl.backward is not None and impl.backward_forces:
+            # what the explicit backward reads (lse) is made by this forward, whatever the caller asked
+            return library.as_asked(op, args, library.call(self.key, op, {**args, **impl.backward_forces}))
         return library.call(self.key, op, args)
+
+    def run_backward(self, op: str, args: dict[str, Any], outputs: tuple, grad_outputs: tuple) -> tuple:
+        """The gradients of `op` from its forward's outputs (`OpImpl.backward`; called by the custom op)."""
+        self.calls[f"{op}.backward"] += 1
+        return self.ops[op].backward(args, outputs, grad_outputs)
 
     def run(self, op: str, args: dict[str, Any], phase: str = "forward") -> Any:
         """Run this backend's implementation of `op` on validated arguments (called by the custom op)."""

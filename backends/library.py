@@ -7,9 +7,9 @@ backend instance named by the op's last argument (`Backend.key`), so one registr
 backend, built-in or plugin.
 
 A `SeqLayout` crosses the boundary as its tensors plus `max_seqlen_k` (-1: unknown). Differentiable
-ops get autograd through a `<op>_backward` custom op that recomputes the backend's forward under
-autograd and differentiates it (activation recomputation; a backend whose forward is an
-`autograd.Function` with its own backward kernel, like cuda's sparse attention, runs that kernel).
+ops get autograd through a `<op>_backward` custom op: the backend's explicit backward on the forward's
+saved outputs when it declares one (`OpImpl.backward`; cuda's sparse attention), else the backend's
+forward recomputed under autograd and differentiated (activation recomputation).
 
 Semantics of every op: backends/reference/<op>.py (docs/spec.md section 2).
 """
@@ -21,7 +21,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from backends.custom_op import _grads, _layout, _lib_op, _run, attention_fake, layout_args, run_attention
+from backends.custom_op import (
+    _fresh,
+    _grads,
+    _layout,
+    _lib_op,
+    _run,
+    attention_fake,
+    instance,
+    layout_args,
+    run_attention,
+)
 
 # -- indexer_logits (SPEC 2.1) ---------------------------------------------------------------------
 
@@ -164,17 +174,25 @@ def sparse_mla_attention_backward(
     seqlens_k: Tensor,
     cu_seqlens_k: Tensor | None,
     block_table: Tensor | None,
+    out: Tensor,
+    lse: Tensor,
     max_seqlen_k: int,
     sm_scale: float,
     d_v: int,
     return_lse: bool,
     backend: str,
 ) -> tuple[Tensor, Tensor]:
+    """Explicit (`OpImpl.backward`, from the saved out and lse) when the backend has one and the forward
+    made lse; else the forward recomputed under autograd."""
     layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
     args = dict(
         q=q, kv_cache=kv_cache, indices=indices, layout=layout, sm_scale=sm_scale, d_v=d_v, return_lse=True
     )
     grads = [d_out, d_lse if return_lse else None]
+    be = instance(backend)
+    if be.ops["sparse_mla_attention"].backward is not None and return_lse and lse.numel():
+        dq, dkv = be.run_backward("sparse_mla_attention", args, (out, lse), tuple(grads))
+        return _fresh((dq, dkv), {**args, "out": out, "lse": lse, "d_out": d_out, "d_lse": d_lse})
     return _grads(backend, "sparse_mla_attention", args, grads, ("q", "kv_cache"))
 
 
@@ -184,7 +202,7 @@ def _(d_out, d_lse, q, kv_cache, *rest):
 
 
 def _sparse_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:7])
+    ctx.save_for_backward(*inputs[:7], *output)  # out and lse: what an explicit backward reads
     ctx.scalars = inputs[7:]
 
 
@@ -358,7 +376,12 @@ def custom_op_args(op: str, args: dict[str, Any], key: str) -> tuple:
 
 def call(key: str, op: str, args: dict[str, Any]) -> Any:
     """Call op's custom op with the interface's named arguments."""
-    out = CUSTOM_OPS[op](*custom_op_args(op, args, key))
+    return as_asked(op, args, CUSTOM_OPS[op](*custom_op_args(op, args, key)))
+
+
+def as_asked(op: str, args: dict[str, Any], out: Any) -> Any:
+    """The custom op's result as the interface returns it for `args`: sparse attention's lse is None
+    unless return_lse (a schema has no optional outputs)."""
     if op == "sparse_mla_attention" and not args.get("return_lse", True):
         return out[0], None
     return out

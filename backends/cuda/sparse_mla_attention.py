@@ -1,8 +1,10 @@
 """cuda backend: sparse_mla_attention (SPEC 2.4) -> kernels_cuda.sparse_mla_attention.
 
-Forward and backward (dq, dkv) kernels gather rows by logical position through the layout (ragged or paged)
-in the kernel. The forward is bitwise run-to-run deterministic; the backward sums dkv rows shared by several
-queries with fp32 atomic adds, so gradients are not bitwise run-to-run on a GPU (declared in `limits`).
+Forward and backward (dq, dkv) kernels gather rows by logical position through the layout (ragged or
+paged) in the kernel. Through the custom op (training) the backward kernel reads the forward's saved out
+and lse (`backward`), so a training step runs the forward kernel once. The forward is bitwise run-to-run
+deterministic; the backward sums dkv rows shared by several queries with fp32 atomic adds, so gradients
+are not bitwise run-to-run on a GPU (declared in `limits`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,18 @@ def _backward(q, kv_cache, indices, layout, sm_scale, d_v, out, lse, d_out, d_ls
     )
 
 
+def backward(args: dict[str, Any], outputs: tuple, grad_outputs: tuple) -> tuple:
+    """(dq, dkv) from the forward's own out and lse (`OpImpl.backward`: the backward kernel alone, no
+    recomputed forward)."""
+    (out, lse), (d_out, d_lse) = outputs, grad_outputs
+    if d_out is None:
+        d_out = torch.zeros_like(out)
+    a = args
+    return _backward(
+        a["q"], a["kv_cache"], a["indices"], a["layout"], a["sm_scale"], a["d_v"], out, lse, d_out, d_lse
+    )
+
+
 def sparse_mla_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -77,4 +91,6 @@ IMPL = OpImpl(
         batch_invariant=True,
         differentiable=True,
     ),
+    backward=backward,
+    backward_forces={"return_lse": True},
 )

@@ -9,6 +9,8 @@ Semantics: backends/reference/sparse_mla_attention.py (SPEC 2.4)
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -119,10 +121,29 @@ def test_backward_matches_reference_autograd(cuda, device, launches, dtype, bloc
     want = _grads(
         lambda a, c: ref_attn(a.float(), c.float(), idx, layout, 0.0625, 32), q, cache, d_out, d_lse
     )
-    assert launches()["sparse_mla_bwd"] == 1
+    # the backward kernel reads the forward's saved out and lse: no recomputed forward
+    assert launches()["sparse_mla_bwd"] == 1 and launches()["sparse_mla_fwd"] == 1
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == dtype
         g = g.cpu().float()
         assert not torch.isnan(g).any()
         torch.testing.assert_close(g, w.float(), **tol)
+
+
+def test_backward_without_lse_runs_the_forward_once(cuda, device, launches):
+    """The model calls with return_lse=False; a gradient still needs lse, so the front door makes it (and
+    returns None), and the backward reads it: one forward and one backward launch, the reference's grads."""
+    q, cache, idx, layout = make([3, 2], [80, 50], dtype=torch.float32, seed=9)
+    d_out = torch.randn(5, 3, 32, generator=torch.Generator().manual_seed(1))
+    got_q, got_c = (t.detach().to(device).clone().requires_grad_() for t in (q, cache))
+    out, lse = cuda.sparse_mla_attention(got_q, got_c, idx.to(device), layout.to(device), 0.0625, 32,
+                                         return_lse=False)
+    assert lse is None
+    (out * d_out.to(device)).sum().backward()
+    assert launches() == Counter({"sparse_mla_fwd": 1, "sparse_mla_bwd": 1})
+    assert cuda.calls["sparse_mla_attention.backward"] >= 1
+    want_q, want_c = (t.detach().clone().requires_grad_() for t in (q, cache))
+    (ref_attn(want_q, want_c, idx, layout, 0.0625, 32)[0] * d_out).sum().backward()
+    torch.testing.assert_close(got_q.grad.cpu(), want_q.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_c.grad.cpu(), want_c.grad, rtol=1e-5, atol=1e-5)
