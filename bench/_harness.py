@@ -66,8 +66,17 @@ def median_ms(fn: Callable[[], Any], runs: int, cuda: bool, warmup: int = 2) -> 
     return statistics.median(times)
 
 
+def emit(record: dict[str, Any], json_path: str | None) -> None:
+    """Print one result as a JSON line, and append it to `json_path` when given (--json)."""
+    line = json.dumps(record)
+    print(line, flush=True)
+    if json_path:
+        with open(json_path, "a") as f:
+            f.write(line + "\n")
+
+
 def report(args: argparse.Namespace, record: dict[str, Any]) -> None:
-    """Print one result as a JSON line (and append it to --json)."""
+    """Print one GPU-bench result as a JSON line (and append it to --json)."""
     import torch
 
     record = {
@@ -76,11 +85,7 @@ def report(args: argparse.Namespace, record: dict[str, Any]) -> None:
         "runs": args.runs,
         **record,
     }
-    line = json.dumps(record)
-    print(line, flush=True)
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(line + "\n")
+    emit(record, args.json)
 
 
 # -- CPU benches (bench_cpu_*.py): no device, real shapes; the machine may be shared, so every result

@@ -14,7 +14,6 @@ from timing every `Backend._call` during the steps.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._harness import cpu_context  # noqa: E402
+from bench._harness import cpu_context, emit  # noqa: E402
 from bench.bench_cpu_model import small_config  # noqa: E402
 
 
@@ -102,11 +101,7 @@ def main() -> None:
         }
         if base is not None:
             rec["speedup_vs_reference"] = round(statistics.median(base["times"]) / med, 3)
-        line = json.dumps(rec)
-        print(line, flush=True)
-        if a.json:
-            with open(a.json, "a") as f:
-                f.write(line + "\n")
+        emit(rec, a.json)
 
 
 def model_step(model, cache, nxt):

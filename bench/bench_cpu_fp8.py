@@ -10,14 +10,13 @@ is bitwise the reference's (or its largest difference, for the ops with a tolera
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._harness import cpu_context, interleaved_s  # noqa: E402
+from bench._harness import cpu_context, emit, interleaved_s  # noqa: E402
 
 
 def _cases(g):
@@ -98,11 +97,7 @@ def main() -> None:
             "runs": a.runs,
             **cpu_context(),
         }
-        line = json.dumps(rec)
-        print(line, flush=True)
-        if a.json:
-            with open(a.json, "a") as f:
-                f.write(line + "\n")
+        emit(rec, a.json)
 
 
 if __name__ == "__main__":

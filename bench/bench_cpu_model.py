@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._harness import cpu_context  # noqa: E402
+from bench._harness import cpu_context, emit  # noqa: E402
 
 VARIANTS = ("cpu", "reference", "transformers")
 
@@ -143,11 +143,7 @@ def main() -> None:
             rec["rss_vs_transformers"] = round(r["peak_rss_mib"] / base["peak_rss_mib"], 3)
         if "prefill_s" in r and "prefill_s" in results.get("reference", {}):
             rec["speedup_vs_reference"] = round(results["reference"]["prefill_s"] / r["prefill_s"], 3)
-        line = json.dumps(rec)
-        print(line, flush=True)
-        if a.json:
-            with open(a.json, "a") as f:
-                f.write(line + "\n")
+        emit(rec, a.json)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,13 @@ across the k-th value (bf16 has 8 significant bits), which sends them to the exa
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._harness import cpu_context, interleaved_s  # noqa: E402
+from bench._harness import cpu_context, emit, interleaved_s  # noqa: E402
 
 SHAPES = [(131072, 2048, "float32"), (16384, 2048, "float32"), (131072, 2048, "bfloat16")]
 
@@ -60,11 +59,7 @@ def main() -> None:
             "runs": a.runs,
             **cpu_context(),
         }
-        line = json.dumps(rec)
-        print(line, flush=True)
-        if a.json:
-            with open(a.json, "a") as f:
-                f.write(line + "\n")
+        emit(rec, a.json)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._harness import emit  # noqa: E402
+
 VARIANTS = ("whole", "streamed")
 
 
@@ -139,10 +141,7 @@ def main() -> None:
         "same_tensors": digests["whole"] == digests["streamed"],
         "runs": args.runs,
     }
-    print(json.dumps(rec))
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+    emit(rec, args.json)
 
 
 if __name__ == "__main__":
