@@ -48,15 +48,18 @@ command -v nvidia-smi >/dev/null && nvidia-smi >"$RESULTS/nvidia-smi.txt" 2>&1
 step conformance 200 "$PYTHON" -c 'from glm5.cli import main; main()' conformance --backend cuda --suite quick \
     --json "$RESULTS/conformance.json" --markdown "$RESULTS/conformance.md"
 
-# scripts on the shared harness (bench/_harness.py: --runs, --json) first, then any other bench_*.py with its
-# own defaults, so the device-relevant figures are in before the budget runs low
-BENCHES=($(grep -l "bench._harness" bench/bench_*.py) $(grep -L "bench._harness" bench/bench_*.py))
+# the device benches (on bench/_harness.py's `parse`: --runs, --json) first, then any other bench_*.py with
+# its own defaults, so the device-relevant figures are in before the budget runs low. The CPU-only benches
+# (bench_cpu_*.py, bench_quantize_stream.py) measure this machine's CPU and are left to CPU runs.
+DEVICE_RE='_harness import .*\bparse\b'
+CPU_ONLY='bench_cpu_|bench_quantize_stream'
+BENCHES=($(grep -lE "$DEVICE_RE" bench/bench_*.py) $(grep -LE "$DEVICE_RE" bench/bench_*.py | grep -vE "$CPU_ONLY"))
 left=${#BENCHES[@]}
 for bench in "${BENCHES[@]}"; do
     limit=$(( (DEADLINE - SECONDS) / left ))
     (( limit > 60 )) && limit=60
     (( limit < 5 )) && limit=5
-    if grep -q "bench._harness" "$bench"; then
+    if grep -qE "$DEVICE_RE" "$bench"; then
         step "$(basename "$bench" .py)" "$limit" "$PYTHON" "$bench" --runs 10 --json "$RESULTS/benches.jsonl"
     else
         step "$(basename "$bench" .py)" "$limit" "$PYTHON" "$bench"
