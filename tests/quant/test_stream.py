@@ -58,6 +58,7 @@ def _whole(src, kind):
         ("bf16", "glm5-w4a8", "compressed-tensors", True),   # AWQ + SSZ int4, SmoothQuant int8
         ("bf16", "glm5-w8a8", "modelslim", False),
         ("fp8", "glm5-w8a8", "modelslim", True),             # the Ascend recipe from GLM-5-FP8
+        ("fp8", "glm5-w4a8", "modelslim", False),            # Ascend W4A8 (per-channel int4) from GLM-5-FP8
         ("fp8", ("glm5-w4a8-g128", 16), "compressed-tensors", True),  # GPTQ Hessians per layer
         ("bf16", None, "fp8", False),
     ],
