@@ -1,6 +1,12 @@
 """cpu backend: sparse_mla_attention (SPEC 2.4): per query block, one gather of the named latent rows
 (in the cache's dtype, cast once to fp32) and two batched GEMMs (scores, then probabilities x values),
-softmax in place between them. Backward: torch autograd through the same forward (without in-place ops).
+softmax in place between them.
+
+Backward (`backward`, what training runs through the custom op): from the forward's saved out and lse,
+per query block, the probabilities are recomputed from one more gather and GEMM with the saved lse,
+dS = P * (dP - sum_j P dP) + P * dlse, then dq and the gathered rows' dK / dV, summed into dkv with
+index_add_ (sequential on the CPU: deterministic). Called directly under autograd (no custom
+op), the forward is differentiated by torch autograd instead (without in-place ops).
 """
 
 from __future__ import annotations
@@ -110,7 +116,50 @@ def sparse_mla_attention(
     return out, (lse if return_lse else None)
 
 
+def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dq like q, dkv like kv_cache) from the forward's (out, lse) and (d_out, d_lse or None)."""
+    q, kv_cache, indices, layout = args["q"], args["kv_cache"], args["indices"], args["layout"]
+    sm_scale, d_v = args["sm_scale"], args["d_v"]
+    (_, lse), (d_out, d_lse) = outputs, grad_outputs  # lse is what the probabilities need
+    t, h, d_qk = q.shape
+    n = indices.shape[1]
+    dq = torch.zeros(t, h, d_qk)
+    dkv = torch.zeros(flat(kv_cache).shape)
+    if d_out is None:
+        d_out = torch.zeros(t, h, d_v)
+    qf, dof = q.float(), d_out.float()
+    step = max(1, GATHER_ELEMS // max(1, n * d_qk))
+    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
+        if q1 == q0 or s == 0 or n == 0:
+            continue
+        for a in range(q0, q1, step):
+            z = min(a + step, q1)
+            idx = indices[a:z].to(torch.int64)
+            valid = (idx >= 0) & (idx < s)
+            rows = rows_of(layout, b, idx.clamp(0, s - 1), kv_cache)
+            tq = z - a
+            keys = flat(kv_cache).index_select(0, rows.reshape(-1)).view(tq, n, -1).float()
+            keys = keys.masked_fill(~valid[..., None], 0)  # skipped rows are never read (may be NaN)
+            scores = torch.bmm(qf[a:z] * sm_scale, keys.transpose(1, 2))
+            shift = torch.where(torch.isneginf(lse[a:z]), float("inf"), lse[a:z])[..., None]
+            p = torch.exp(scores - shift).masked_fill_(~valid[:, None, :], 0)  # [tq, H, n]
+            dp = torch.bmm(dof[a:z], keys[..., :d_v].transpose(1, 2))
+            # softmax's backward as autograd forms it (delta = sum_j p dP, not rowsum(dO * O)): the same
+            # rounding as the reference where p is near one-hot and dP - delta cancels
+            ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+            if d_lse is not None:
+                ds += p * d_lse[a:z].float()[..., None]
+            dq[a:z] = torch.bmm(ds, keys).mul_(sm_scale)
+            dk = torch.bmm(ds.transpose(1, 2), qf[a:z]).mul_(sm_scale)  # [tq, n, d_qk]
+            dk[..., :d_v] += torch.bmm(p.transpose(1, 2), dof[a:z])
+            dk.masked_fill_(~valid[..., None], 0)
+            dkv.index_add_(0, rows.reshape(-1), dk.reshape(-1, d_qk))
+    return dq.to(q.dtype), dkv.view(kv_cache.shape).to(kv_cache.dtype)
+
+
 IMPL = OpImpl(
     sparse_mla_attention,
     OpCaps(FLOATS, ("ragged", "paged"), run_to_run=True, batch_invariant=True, differentiable=True),
+    backward=backward,
+    backward_forces={"return_lse": True},
 )
