@@ -26,9 +26,9 @@ SUMMARIES: dict[str, str] = {
     "doctor": "List every backend (built-in and plugin) with its status, reason and versions.",
     "conformance": "Check backends against the CPU reference (docs/spec.md); report every backend.",
     "generate": "Generate token ids with GLM-5 (greedy or sampled; --mtp N for speculative decoding).",
-    "quantize": "Quantize a float checkpoint by a recipe and write it as compressed-tensors or modelslim.",
+    "quantize": "Quantize a float or FP8 checkpoint (W8A8/W4A8 recipe, or block FP8), one layer at a time.",
     "export-onnx": "Export the prefill graph (input_ids -> logits) with the glm5 ONNX functions.",
-    "train": "Train GLM-5 (Muon Split, MTP, DSA stages); metrics, loss plot and checkpoints in --out.",
+    "train": "Train GLM-5 (Muon Split, MTP, DSA stages, RL with IcePop); metrics and checkpoints in --out.",
     "plan": "Plan a deployment: which checkpoint, parallelism and memory fit the machines.",
 }
 
