@@ -137,3 +137,21 @@ def test_cli_names_the_source_in_one_line(sources, tmp_path):
     err = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
     assert len(err) == 1 and "'--model'" in err[0] and "model.layers.1.mlp.gate.weight" in err[0], res.output
     assert not (tmp_path / "q").exists()
+
+
+def test_deepseek_style_mtp_copies_are_checked_and_dropped(sources, tmp_path):
+    """DeepSeek-style checkpoints repeat the embedding and head inside the MTP layer: the streamed reader
+    accepts equal copies (the output is as without them) and refuses a copy that differs, by name."""
+    def with_copies(t, differ=False):
+        t["model.layers.4.embed_tokens.weight"] = t["model.embed_tokens.weight"].clone()
+        t["model.layers.4.shared_head.head.weight"] = t["lm_head.weight"].clone() + (1 if differ else 0)
+
+    recipe = Recipe.load("glm5-w8a8")
+    _corrupt(sources / "bf16", tmp_path / "copies", with_copies)
+    stream.convert(sources / "bf16", tmp_path / "plain-out", "modelslim", recipe, backend="reference")
+    stream.convert(tmp_path / "copies", tmp_path / "copies-out", "modelslim", recipe, backend="reference")
+    _same(tmp_path / "plain-out", tmp_path / "copies-out")
+    _corrupt(sources / "bf16", tmp_path / "bad", lambda t: with_copies(t, differ=True))
+    with pytest.raises(CheckpointError, match="shared_head.head.weight .differs from lm_head.weight"):
+        stream.convert(tmp_path / "bad", tmp_path / "bad-out", "modelslim", recipe, backend="reference")
+    assert not [q for q in tmp_path.iterdir() if q.name.startswith((".bad-out", "bad-out"))]  # nor staging
