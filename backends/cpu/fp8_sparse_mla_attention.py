@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
-from backends.cpu._cache import flat, rows_of
+from backends.cpu._cache import flat
 from backends.cpu._fp8 import decode
 from backends.cpu._workspace import buffer
+from backends.cpu.sparse_mla_attention import query_blocks, softmax_values
 from backends.formats import BLOCK
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
@@ -40,19 +41,9 @@ def _block(q, cache, rows, valid, d_v):
     tq, n = rows.shape
     raw = flat(cache).index_select(0, rows.reshape(-1))
     keys = dequantize(raw, buffer("fp8mla.keys", tq * n * q.shape[-1]).view(tq * n, -1)).view(tq, n, -1)
-    full = bool(valid.all())
-    if not full:
+    if not bool(valid.all()):
         keys.masked_fill_(~valid[..., None], 0)
-    p = torch.bmm(q, keys.transpose(1, 2))
-    if not full:
-        p.masked_fill_(~valid[:, None, :], float("-inf"))
-    m = p.amax(dim=-1, keepdim=True)
-    m.masked_fill_(torch.isneginf(m), 0)
-    p.sub_(m).exp_()
-    total = p.sum(dim=-1)  # >= 1 unless the row has no valid key: 0
-    lse = total.log().add_(m[..., 0])
-    out = torch.bmm(p, keys[..., :d_v])
-    return out.div_(total.clamp_min_(1)[..., None]), lse
+    return softmax_values(torch.bmm(q, keys.transpose(1, 2)), keys, valid, d_v)
 
 
 @torch.no_grad()
@@ -74,15 +65,8 @@ def fp8_sparse_mla_attention(
     lse = torch.full((t, h), float("-inf"), dtype=torch.float32)
     step = max(1, GATHER_ELEMS // max(1, n * d_qk))
     qf = q.float() * sm_scale
-    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
-        if q1 == q0 or s == 0 or n == 0:
-            continue
-        for a in range(q0, q1, step):
-            z = min(a + step, q1)
-            idx = indices[a:z].to(torch.int64)
-            valid = (idx >= 0) & (idx < s)
-            rows = rows_of(layout, b, idx.clamp(0, s - 1), kv_cache)
-            out[a:z], lse[a:z] = _block(qf[a:z], kv_cache, rows, valid, d_v)
+    for a, z, rows, valid in query_blocks(layout, indices, kv_cache, step):
+        out[a:z], lse[a:z] = _block(qf[a:z], kv_cache, rows, valid, d_v)
     return out.to(q.dtype), (lse if return_lse else None)
 
 

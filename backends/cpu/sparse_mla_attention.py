@@ -23,11 +23,46 @@ from backends.ops import FLOATS
 GATHER_ELEMS = 1 << 22
 
 
-def _block_grad(q, cache, rows, valid, sm_scale, d_v):
-    """q [tq, H, d_qk] fp32, rows/valid [tq, n] -> (out [tq, H, d_v] fp32, lse [tq, H]); autograd-safe."""
+def query_blocks(layout: SeqLayout, indices: torch.Tensor, cache: torch.Tensor, step: int):
+    """(a, z, rows, valid) for every block of at most `step` queries [a, z) of a request with keys:
+    the physical cache rows its indices name [z - a, topk] (int64, clamped into range) and which of them
+    are valid (not -1, inside the request)."""
+    if indices.shape[1] == 0:
+        return
+    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
+        if q1 == q0 or s == 0:
+            continue
+        for a in range(q0, q1, step):
+            z = min(a + step, q1)
+            idx = indices[a:z].to(torch.int64)
+            yield a, z, rows_of(layout, b, idx.clamp(0, s - 1), cache), (idx >= 0) & (idx < s)
+
+
+def softmax_values(p: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, d_v: int):
+    """Scores p [tq, H, n] (overwritten) and the gathered keys [tq, n, d_qk] (invalid rows zero) ->
+    (out [tq, H, d_v] fp32, lse [tq, H]): softmax in place, then probabilities x values."""
+    full = bool(valid.all())
+    if not full:
+        p.masked_fill_(~valid[:, None, :], float("-inf"))
+    m = p.amax(dim=-1, keepdim=True)
+    m.masked_fill_(torch.isneginf(m), 0)
+    p.sub_(m).exp_()
+    total = p.sum(dim=-1)  # >= 1 (the maximum contributes exp(0)) unless the row is empty: 0
+    lse = total.log().add_(m[..., 0])
+    out = torch.bmm(p, keys[..., :d_v])
+    return out.div_(total.clamp_min_(1)[..., None]), lse
+
+
+def _gathered(cache: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The named rows as fp32 [tq, n, d_qk], invalid ones zero (never read as values: may be NaN)."""
     tq, n = rows.shape
     keys = flat(cache).index_select(0, rows.reshape(-1)).view(tq, n, -1).float()
-    keys = keys.masked_fill(~valid[..., None], 0)  # skipped rows are never read as values (may be NaN)
+    return keys.masked_fill(~valid[..., None], 0)
+
+
+def _block_grad(q, cache, rows, valid, sm_scale, d_v):
+    """q [tq, H, d_qk] fp32, rows/valid [tq, n] -> (out [tq, H, d_v] fp32, lse [tq, H]); autograd-safe."""
+    keys = _gathered(cache, rows, valid)
     p = torch.bmm(q * sm_scale, keys.transpose(1, 2)).masked_fill(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(p, dim=-1)
     shift = torch.where(torch.isneginf(lse), 0.0, lse)[..., None]
@@ -53,20 +88,11 @@ class _Workspace:
         if keys is not raw:
             keys.copy_(raw)
         keys = keys.view(tq, n, -1)
-        full = bool(valid.all())
-        if not full:
+        if not bool(valid.all()):
             keys.masked_fill_(~valid[..., None], 0)
         p = self.p[:tq]
         torch.bmm(q, keys.transpose(1, 2), out=p)
-        if not full:
-            p.masked_fill_(~valid[:, None, :], float("-inf"))
-        m = p.amax(dim=-1, keepdim=True)
-        m.masked_fill_(torch.isneginf(m), 0)
-        p.sub_(m).exp_()
-        total = p.sum(dim=-1)  # >= 1 (the maximum contributes exp(0)) unless the row is empty: 0
-        lse = total.log().add_(m[..., 0])
-        out = torch.bmm(p, keys[..., :d_v])
-        return out.div_(total.clamp_min_(1)[..., None]), lse
+        return softmax_values(p, keys, valid, d_v)
 
 
 def sparse_mla_attention(
@@ -85,35 +111,19 @@ def sparse_mla_attention(
     t, h, d_qk = q.shape
     n = indices.shape[1]
     grad = torch.is_grad_enabled() and (q.requires_grad or kv_cache.requires_grad)
-    outs, lses = [], []
+    out = torch.zeros(t, h, d_v)  # rows of requests with no keys stay 0, their lse -inf
+    lse = torch.full((t, h), float("-inf"))
     step = max(1, GATHER_ELEMS // max(1, n * d_qk))
     qf = q.float()
     if not grad:
         qf = qf * sm_scale
         ws = _Workspace(min(step, t), n, h, d_qk, kv_cache.dtype)
-    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
-        if q1 == q0:
-            continue
-        if s == 0 or n == 0:
-            outs.append(qf.new_zeros(q1 - q0, h, d_v))
-            lses.append(torch.full((q1 - q0, h), float("-inf")))
-            continue
-        for a in range(q0, q1, step):
-            z = min(a + step, q1)
-            idx = indices[a:z].to(torch.int64)
-            valid = (idx >= 0) & (idx < s)
-            rows = rows_of(layout, b, idx.clamp(0, s - 1), kv_cache)
-            if grad:
-                o, lse = _block_grad(qf[a:z], kv_cache, rows, valid, sm_scale, d_v)
-            else:
-                o, lse = ws.block(qf[a:z], kv_cache, rows, valid, d_v)
-            outs.append(o)
-            lses.append(lse)
-    if not outs:
-        out, lse = q.new_zeros((t, h, d_v)), torch.full((t, h), float("-inf"))
-    else:
-        out, lse = torch.cat(outs).to(q.dtype), torch.cat(lses)
-    return out, (lse if return_lse else None)
+    for a, z, rows, valid in query_blocks(layout, indices, kv_cache, step):
+        if grad:  # slice writes of autograd outputs: the graph goes through them
+            out[a:z], lse[a:z] = _block_grad(qf[a:z], kv_cache, rows, valid, sm_scale, d_v)
+        else:
+            out[a:z], lse[a:z] = ws.block(qf[a:z], kv_cache, rows, valid, d_v)
+    return out.to(q.dtype), (lse if return_lse else None)
 
 
 def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,31 +139,22 @@ def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Ten
         d_out = torch.zeros(t, h, d_v)
     qf, dof = q.float(), d_out.float()
     step = max(1, GATHER_ELEMS // max(1, n * d_qk))
-    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
-        if q1 == q0 or s == 0 or n == 0:
-            continue
-        for a in range(q0, q1, step):
-            z = min(a + step, q1)
-            idx = indices[a:z].to(torch.int64)
-            valid = (idx >= 0) & (idx < s)
-            rows = rows_of(layout, b, idx.clamp(0, s - 1), kv_cache)
-            tq = z - a
-            keys = flat(kv_cache).index_select(0, rows.reshape(-1)).view(tq, n, -1).float()
-            keys = keys.masked_fill(~valid[..., None], 0)  # skipped rows are never read (may be NaN)
-            scores = torch.bmm(qf[a:z] * sm_scale, keys.transpose(1, 2))
-            shift = torch.where(torch.isneginf(lse[a:z]), float("inf"), lse[a:z])[..., None]
-            p = torch.exp(scores - shift).masked_fill_(~valid[:, None, :], 0)  # [tq, H, n]
-            dp = torch.bmm(dof[a:z], keys[..., :d_v].transpose(1, 2))
-            # softmax's backward as autograd forms it (delta = sum_j p dP, not rowsum(dO * O)): the same
-            # rounding as the reference where p is near one-hot and dP - delta cancels
-            ds = p * (dp - (p * dp).sum(-1, keepdim=True))
-            if d_lse is not None:
-                ds += p * d_lse[a:z].float()[..., None]
-            dq[a:z] = torch.bmm(ds, keys).mul_(sm_scale)
-            dk = torch.bmm(ds.transpose(1, 2), qf[a:z]).mul_(sm_scale)  # [tq, n, d_qk]
-            dk[..., :d_v] += torch.bmm(p.transpose(1, 2), dof[a:z])
-            dk.masked_fill_(~valid[..., None], 0)
-            dkv.index_add_(0, rows.reshape(-1), dk.reshape(-1, d_qk))
+    for a, z, rows, valid in query_blocks(layout, indices, kv_cache, step):
+        keys = _gathered(kv_cache, rows, valid)
+        scores = torch.bmm(qf[a:z] * sm_scale, keys.transpose(1, 2))
+        shift = torch.where(torch.isneginf(lse[a:z]), float("inf"), lse[a:z])[..., None]
+        p = torch.exp(scores - shift).masked_fill_(~valid[:, None, :], 0)  # [tq, H, n]
+        dp = torch.bmm(dof[a:z], keys[..., :d_v].transpose(1, 2))
+        # softmax's backward as autograd forms it (delta = sum_j p dP, not rowsum(dO * O)): the same
+        # rounding as the reference where p is near one-hot and dP - delta cancels
+        ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+        if d_lse is not None:
+            ds += p * d_lse[a:z].float()[..., None]
+        dq[a:z] = torch.bmm(ds, keys).mul_(sm_scale)
+        dk = torch.bmm(ds.transpose(1, 2), qf[a:z]).mul_(sm_scale)  # [tq, n, d_qk]
+        dk[..., :d_v] += torch.bmm(p.transpose(1, 2), dof[a:z])
+        dk.masked_fill_(~valid[..., None], 0)
+        dkv.index_add_(0, rows.reshape(-1), dk.reshape(-1, d_qk))
     return dq.to(q.dtype), dkv.view(kv_cache.shape).to(kv_cache.dtype)
 
 
