@@ -139,6 +139,36 @@ def _shape_of(handle: Any, name: str) -> tuple[int, ...]:
     return tuple(handle.get_slice(name).get_shape())
 
 
+def fit_report(
+    model: torch.nn.Module, present: Any, shape_of: Any, copies: dict[str, str]
+) -> tuple[list[str], list[str], list[str]]:
+    """(missing, unexpected, mis-shaped) tensors of a checkpoint holding the names `present`, with stored
+    shapes `shape_of(name)`, against `model`; `copies` (`_shared_copies`) are accepted when present, at
+    the shape of the tensor they repeat."""
+    params = model.state_dict(keep_vars=True)
+    expected = {
+        hf: tuple(params[sd].shape[1:] if e is not None else params[sd].shape)
+        for hf, sd, e in _hf_names(model)
+    }
+    missing = sorted(k for k in expected if k not in present)
+    unexpected = sorted(k for k in present if k not in expected and k not in copies)
+    mismatched = [
+        f"{hf} (expected {list(want)}, got {list(shape_of(hf))})"
+        for hf, want in expected.items()
+        if hf in present and shape_of(hf) != want
+    ]
+    for hf, sd in copies.items():
+        if hf in present and shape_of(hf) != tuple(params[sd].shape):
+            mismatched.append(f"{hf} (expected {list(params[sd].shape)} as {sd}, got {list(shape_of(hf))})")
+    return missing, unexpected, mismatched
+
+
+def check_shared_copy(hf: str, stored: torch.Tensor, sd: str, param: torch.Tensor) -> None:
+    """A DeepSeek-style MTP copy must equal the tensor it repeats (CheckpointError naming both)."""
+    if not torch.equal(stored.to(param.device, param.dtype), param):
+        raise CheckpointError([], [], [f"{hf} (differs from {sd}, which the MTP layer shares)"])
+
+
 @torch.no_grad()
 def load_pretrained(
     cls: type, path: str | Path, backend: Any, dtype: torch.dtype | None, strict: bool
@@ -152,7 +182,6 @@ def load_pretrained(
         model = cls(config, backend=backend, dtype=dtype)
     device = model.backend.device
     expected = {hf: (sd, e) for hf, sd, e in _hf_names(model)}
-    params = model.state_dict(keep_vars=True)
     copies = _shared_copies(config)
     handles: dict[Path, Any] = {}
 
@@ -161,21 +190,10 @@ def load_pretrained(
             handles[f] = safe_open(f, framework="pt", device="cpu")
         return handles[f]
 
-    missing = sorted(set(expected) - set(wmap))
-    unexpected = sorted(k for k in wmap if k not in expected and k not in copies)
-    mismatched = []
-    for hf, (sd, e) in expected.items():
-        if hf in wmap:
-            want = tuple(params[sd].shape[1:] if e is not None else params[sd].shape)
-            got = _shape_of(handle(wmap[hf]), hf)
-            if got != want:
-                mismatched.append(f"{hf} (expected {list(want)}, got {list(got)})")
-    for hf, sd in copies.items():
-        if hf in wmap and _shape_of(handle(wmap[hf]), hf) != tuple(params[sd].shape):
-            mismatched.append(
-                f"{hf} (expected {list(params[sd].shape)} as {sd}, "
-                f"got {list(_shape_of(handle(wmap[hf]), hf))})"
-            )
+    def shape_of(hf: str) -> tuple[int, ...]:
+        return _shape_of(handle(wmap[hf]), hf)
+
+    missing, unexpected, mismatched = fit_report(model, wmap, shape_of, copies)
     if missing or mismatched or (unexpected and strict):
         raise CheckpointError(missing, unexpected if strict else [], mismatched)
     model.to_empty(device=device)
@@ -184,10 +202,8 @@ def load_pretrained(
         t = handle(wmap[hf]).get_tensor(hf)
         (params[sd][e] if e is not None else params[sd]).copy_(t)
     for hf, sd in copies.items():
-        if hf in wmap and not torch.equal(
-            handle(wmap[hf]).get_tensor(hf).to(params[sd].device, params[sd].dtype), params[sd]
-        ):
-            raise CheckpointError([], [], [f"{hf} (differs from {sd}, which the MTP layer shares)"])
+        if hf in wmap:
+            check_shared_copy(hf, handle(wmap[hf]).get_tensor(hf), sd, params[sd])
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model

@@ -24,10 +24,13 @@ import torch
 from torch import nn
 
 from glm5.checkpoint import (
+    _DTYPES,
     CheckpointError,
     ShardWriter,
     _hf_names,
     _shared_copies,
+    check_shared_copy,
+    fit_report,
     read_config,
     without_absent_mtp,
 )
@@ -39,7 +42,6 @@ from quant.formats.common import TensorReader, within
 from quant.recipe import Recipe, Scheme
 
 WRITERS = {compressed_tensors.FORMAT: compressed_tensors, modelslim.FORMAT: modelslim, fp8.FORMAT: fp8}
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _outside_layers(name: str) -> bool:
@@ -62,21 +64,6 @@ def open_source(src: Path, dtype: torch.dtype | None) -> tuple[TensorReader, dic
     return TensorReader(src), raw, dtype or stored or torch.float32
 
 
-def check_names(model: nn.Module, reader: TensorReader, copies: dict[str, str]) -> None:
-    """Every tensor the model needs is there with its shape, and nothing else is (CheckpointError)."""
-    params = model.state_dict(keep_vars=True)
-    expected = {hf: tuple(params[sd].shape[1:] if e is not None else params[sd].shape)
-                for hf, sd, e in _hf_names(model)}
-    for hf, sd in copies.items():
-        expected.setdefault(hf, tuple(params[sd].shape))
-    missing = sorted(k for k in expected if k not in reader and k not in copies)
-    unexpected = sorted(k for k in reader.where if k not in expected)
-    mismatched = [f"{k} (expected {list(v)}, got {list(reader.shape(k))})"
-                  for k, v in expected.items() if k in reader and reader.shape(k) != v]
-    if missing or unexpected or mismatched:
-        raise CheckpointError(missing, unexpected, mismatched)
-
-
 @torch.no_grad()
 def _materialize(model: nn.Module, modules: list[nn.Module], scope: Callable[[str], bool],
                  reader: TensorReader, copies: dict[str, str]) -> None:
@@ -89,9 +76,7 @@ def _materialize(model: nn.Module, modules: list[nn.Module], scope: Callable[[st
             (params[sd][e] if e is not None else params[sd]).copy_(reader.get(hf))
     for hf, sd in copies.items():
         if hf in reader and scope(hf.rsplit(".", 1)[0]):
-            t = reader.get(hf)
-            if not torch.equal(t.to(params[sd].device, params[sd].dtype), params[sd]):
-                raise CheckpointError([], [], [f"{hf} (differs from {sd}, which the MTP layer shares)"])
+            check_shared_copy(hf, reader.get(hf), sd, params[sd])
 
 
 def _meta_layer(model: nn.Module, i: int, dtype: torch.dtype) -> nn.Module:
@@ -131,7 +116,9 @@ def convert(
     with torch.device("meta"):
         model = GLM5ForCausalLM(config, backend=backend, dtype=dtype)
     copies = {k: v for k, v in _shared_copies(config).items() if k in reader}
-    check_names(model, reader, copies)
+    missing, unexpected, mismatched = fit_report(model, reader.where, reader.shape, copies)
+    if missing or unexpected or mismatched:
+        raise CheckpointError(missing, unexpected, mismatched)
     plan = plan_model(model, recipe) if fmt != fp8.FORMAT else {}
     writer = WRITERS[fmt]
     if fmt == modelslim.FORMAT:
