@@ -86,6 +86,7 @@ def build(path: Path, layers: int, hidden: int, experts: int, expert_dim: int) -
 
 
 def _digest(path: Path) -> str:
+    import torch
     from safetensors.torch import load_file
 
     from glm5.checkpoint import weight_files
@@ -96,7 +97,7 @@ def _digest(path: Path) -> str:
         tensors.update(load_file(f))
     for k in sorted(tensors):
         h.update(k.encode())
-        h.update(tensors[k].contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes())
+        h.update(tensors[k].contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

@@ -297,6 +297,11 @@ def write_shards(path: str | Path, config: dict[str, Any], tensors: dict[str, to
 
 def save_pretrained(model: torch.nn.Module, path: str | Path, max_shard_size: int) -> None:
     """The float model as a Hugging Face checkpoint, atomically (ShardWriter)."""
+    write_shards(path, config_json(model), hf_state_dict(model), max_shard_size)
+
+
+def config_json(model: torch.nn.Module) -> dict[str, Any]:
+    """config.json of a checkpoint of `model`: its config plus the dtype its float tensors are stored in."""
     cfg = model.config.to_dict()
     cfg["dtype"] = str(model.dtype).removeprefix("torch.")
-    write_shards(path, cfg, hf_state_dict(model), max_shard_size)
+    return cfg

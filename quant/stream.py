@@ -157,6 +157,5 @@ def convert(
         left = reader.unused()
         if left:
             raise CheckpointError([], left, [])
-        cfg, extra = writer.metadata(model) if fmt == fp8.FORMAT else writer.metadata(model, plan, w.names)
-        w.finish(cfg, extra)
+        w.finish(*writer.metadata(model, plan, w.names))
     return plan

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from glm5.train.icepop import IcePopStats, group_advantages, icepop_loss
+from glm5.train.icepop import IcePopStats, group_advantages, icepop_loss, pop
 from glm5.train.rollout import rollout_policy, sample, sequence_logprobs
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def rl_step(trainer: Trainer, step: int) -> dict:
         "loss": sum(losses) / len(losses),
         "reward_mean": float(ro.rewards.mean()),
         "reward_std": float(ro.rewards.std(unbiased=False)),
-        "popped": float(((k < 0.5) | (k > 2.0)).float().mean()),
+        "popped": float((pop(k) == 0).float().mean()),  # k > 0: pop(k) is 0 exactly outside the band
         "clipped": sum(clipped) / len(clipped),
         "mismatch_min": float(k.min()),
         "mismatch_max": float(k.max()),

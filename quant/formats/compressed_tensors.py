@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from backends.formats import pack_int4, unpack_int4
+from glm5.checkpoint import config_json
 from quant.apply import quantizable
 from quant.formats.common import Scope, TensorReader, float_tensors, quantized_modules, write_checkpoint
 from quant.recipe import W4A8, W8A8, Scheme
@@ -97,8 +98,7 @@ def tensors(model: nn.Module, scope: Scope = None) -> dict[str, torch.Tensor]:
 def metadata(model: nn.Module, plan: dict[str, Scheme], names: set[str]) -> tuple[dict, dict]:
     """(config.json additions, extra files) for a checkpoint of `model` quantized by `plan`; `model` may be
     the float model on the meta device (a streamed conversion), `names` the tensors written."""
-    cfg = model.config.to_dict()
-    cfg["dtype"] = str(model.dtype).removeprefix("torch.")
+    cfg = config_json(model)
     cfg["quantization_config"] = _quantization_config(model, plan)
     return cfg, {}
 

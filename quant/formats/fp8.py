@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from backends.formats import BLOCK, E4M3, dequantize_weight_blocks, quantize_weight_blocks
+from glm5.checkpoint import config_json
 from glm5.moe import Experts
 from quant.formats.common import Scope, TensorReader, write_checkpoint
 from quant.fp8_modules import EXPERT_PROJS, FP8Experts, FP8Linear
@@ -139,17 +140,17 @@ def tensors(model: nn.Module, scope: Scope = None) -> dict[str, torch.Tensor]:
     }
 
 
-def metadata(model: nn.Module, ue8m0: bool = False) -> tuple[dict, dict]:
-    """(config.json, extra files) of a GLM-5-FP8-style checkpoint of `model` (may be on the meta device)."""
-    cfg = model.config.to_dict()
-    cfg["dtype"] = str(model.dtype).removeprefix("torch.")
+def metadata(model: nn.Module, plan: Any = None, names: Any = None, ue8m0: bool = False) -> tuple[dict, dict]:
+    """(config.json, extra files) of a GLM-5-FP8-style checkpoint of `model` (may be on the meta device);
+    the writers' common signature (no plan: every FP8 target is in the format itself)."""
+    cfg = config_json(model)
     cfg["quantization_config"] = quantization_config(ue8m0)
     return cfg, {}
 
 
 def export(model: nn.Module, path: Path, ue8m0: bool = False) -> None:
     """Write a float (or FP8-loaded) model as a GLM-5-FP8-style checkpoint."""
-    cfg, extra = metadata(model, ue8m0)
+    cfg, extra = metadata(model, ue8m0=ue8m0)
     write_checkpoint(Path(path), cfg, tensors(model), extra)
 
 

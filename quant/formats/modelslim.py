@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from backends.formats import pack_int4, unpack_int4
+from glm5.checkpoint import config_json
 from quant.apply import tensor_schemes
 from quant.formats.common import Scope, TensorReader, float_tensors, quantized_modules, write_checkpoint
 from quant.recipe import FLOAT, W4A8, W8A8, Scheme
@@ -86,8 +87,7 @@ def metadata(model: nn.Module, plan: dict[str, Scheme], names: set[str]) -> tupl
         s = plan.get(t.rsplit(".", 1)[0])
         desc[t] = s.name if s is not None else FLOAT
     kinds = {s.name for s in plan.values()}
-    cfg = model.config.to_dict()
-    cfg["dtype"] = str(model.dtype).removeprefix("torch.")
+    cfg = config_json(model)
     head = {"model_quant_type": W4A8 if W4A8 in kinds else (W8A8 if kinds else FLOAT), "version": "1.0.0",
             "group_size": 0, "optional": {}}
     return cfg, {DESCRIPTION: {**head, **desc}}
