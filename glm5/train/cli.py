@@ -184,4 +184,3 @@ def train(
     click.echo(json.dumps(summary, indent=2))
     click.echo(f"checkpoint: {out / 'checkpoints' / 'latest'}  (e.g. glm5 generate --model "
                f"{out / 'checkpoints' / 'latest'})", err=True)
-

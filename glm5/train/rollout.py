@@ -166,9 +166,7 @@ def rollout_check(
     result then also gives the indexer top-k set overlap between the two passes over the same tokens."""
     if new_tokens < 1 or temperature <= 0:
         raise ValueError(f"new_tokens/temperature: expected >= 1 and > 0, got {new_tokens}, {temperature}")
-    if rollout_precision not in PRECISIONS:
-        raise ValueError(f"rollout_precision: expected one of {PRECISIONS}, got {rollout_precision!r}")
-    policy = rollout_policy(model, rollout_precision)
+    policy = rollout_policy(model, rollout_precision)  # refuses an unknown precision
     g = torch.Generator().manual_seed(seed)
     ctx = batch_invariant() if invariant else contextlib.nullcontext()
     with ctx:
