@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import backends
 from backends.cpu import sparse_mla_attention as cpu_attn
 from tests.backends.reference._cases import pack
 
@@ -42,15 +41,15 @@ def _grads(be, q, cache, idx, layout, d_out, d_lse, return_lse):
 
 @pytest.mark.parametrize("block_size", [None, 16])
 @pytest.mark.parametrize("return_lse", [False, True])
-def test_explicit_backward_matches_reference_without_recompute(monkeypatch, block_size, return_lse):
+def test_explicit_backward_matches_reference_without_recompute(cpu, ref, monkeypatch, block_size, return_lse):
     q, cache, idx, layout = _inputs(block_size)
     g = torch.Generator().manual_seed(1)
     d_out, d_lse = torch.randn(6, 4, 64, generator=g), torch.randn(6, 4, generator=g)
-    want = _grads(backends.get("reference"), q, cache, idx, layout, d_out, d_lse, return_lse)
+    want = _grads(ref, q, cache, idx, layout, d_out, d_lse, return_lse)
     recomputed = []
     real = cpu_attn._block_grad
     monkeypatch.setattr(cpu_attn, "_block_grad", lambda *a: recomputed.append(1) or real(*a))
-    got = _grads(backends.get("cpu"), q, cache, idx, layout, d_out, d_lse, return_lse)
+    got = _grads(cpu, q, cache, idx, layout, d_out, d_lse, return_lse)
     assert not recomputed  # the forward ran once, without autograd; the backward read its out and lse
     for g_, w in zip(got, want, strict=True):
         assert torch.isfinite(g_).all()

@@ -6,20 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import backends
 from backends import SeqLayout
 from backends.counters import REFERENCE_CALLS
 from backends.cpu import _intmm, _select
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    return backends.get("cpu")
-
-
-@pytest.fixture(scope="module")
-def ref():
-    return backends.get("reference")
 
 
 def _rows(g: torch.Generator, r: int, c: int, dtype: torch.dtype) -> torch.Tensor:

@@ -8,21 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import backends
 from backends.counters import REFERENCE_CALLS
 from backends.cpu._fp8 import decode
 from conformance.cases._fp8 import activations, indexer_inputs, mla_cache, weights
 from conformance.cases.sparse_mla_attention import GLM5_SM_SCALE, causal_indices
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    return backends.get("cpu")
-
-
-@pytest.fixture(scope="module")
-def ref():
-    return backends.get("reference")
 
 
 def _run(cpu, op, *args):
