@@ -66,25 +66,18 @@ def quantize(model_path: Path, recipe_name: str, fmt: str, out: Path, overwrite:
                                  param_hint="'--format'")
     _check_out(out, src, overwrite)
     be = backend_choice(backend)
-    from quant.load import detect_format
-
-    with one_line_errors("'--model'"):
-        src_fmt = detect_format(src)
-    if src_fmt not in (None, "fp8"):
-        raise click.BadParameter(f"{src} is already quantized ({src_fmt}); expected a float or FP8 "
-                                 "checkpoint", param_hint="'--model'")
 
     from glm5.checkpoint import CheckpointError, NotACheckpoint
     from glm5.progress import Phases
     from quant.data import token_batch
-    from quant.stream import convert
+    from quant.stream import NotASource, convert
 
     t0 = time.time()
     calib = token_batch("train", calib_seqs, calib_len, seed=0) if calib_seqs and fmt != "fp8" else None
     with Phases("quantize", enabled=not quiet) as progress, one_line_errors():
         try:
             plan = convert(src, out, fmt, None if fmt == "fp8" else recipe, calib, be, progress=progress)
-        except (CheckpointError, NotACheckpoint) as exc:  # the source does not fit its own config
+        except (CheckpointError, NotACheckpoint, NotASource) as exc:  # the source, not the options
             raise click.BadParameter(str(exc).splitlines()[0], param_hint="'--model'") from None
     if fmt == "fp8":
         click.echo(f"fp8 (e4m3, 128x128 blocks) at {out}, {time.time() - t0:.1f}s")

@@ -48,14 +48,21 @@ def _outside_layers(name: str) -> bool:
     return not name.startswith("model.layers.")
 
 
+class NotASource(ValueError):
+    """`src` is not a float or GLM-5-FP8 checkpoint (already quantized, or an unknown quantization)."""
+
+
 def open_source(src: Path, dtype: torch.dtype | None) -> tuple[TensorReader, dict[str, Any], torch.dtype]:
     """(reader, config.json, dtype) of a float or FP8 source; FP8 weights come out de-quantized."""
     from quant.load import detect_format
 
     raw = read_config(src)
-    fmt = detect_format(src)
+    try:
+        fmt = detect_format(src)
+    except ValueError as exc:
+        raise NotASource(str(exc)) from None
     if fmt not in (None, fp8.FORMAT):
-        raise ValueError(f"model: {src} is already quantized ({fmt}); expected a float or FP8 checkpoint")
+        raise NotASource(f"{src} is already quantized ({fmt}); expected a float or FP8 checkpoint")
     stored = _DTYPES.get(str(raw.get("dtype") or raw.get("torch_dtype")))
     if fmt == fp8.FORMAT:
         fp8.check_config(raw.get("quantization_config") or {})
