@@ -79,6 +79,19 @@ def write_file_atomically(path: Path, write) -> None:
     fsync_path(path.parent)
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Create or replace the text file `path` in one step (temporary sibling, fsync, rename, fsync of the
+    directory): a concurrent reader sees the old text or the new, a full disk leaves the old file."""
+
+    def _write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    write_file_atomically(Path(path), _write)
+
+
 def save_tensors(
     tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
 ) -> None:
