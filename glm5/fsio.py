@@ -7,19 +7,24 @@
 - Everything written is fsynced (files, then their directory) before it is published.
 - Files get the modes of ordinary files (0666 & ~umask; directories 0777 & ~umask): a serving process
   running as another user must be able to read a checkpoint. safetensors and mkdtemp create 0600/0700.
+- One writer per output: `exclusive(lock_path(out))` holds an flock for the run; a second writer gets
+  OutputBusy naming the output and the holder's pid (the lock dies with its process: no stale locks).
 - Readers open only regular files inside the directory the user named (`inside`): a checkpoint index
   naming `../x`, an absolute path, a symlink out of the directory, `/proc/...` or a FIFO is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import re
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -90,6 +95,39 @@ def write_text_atomic(path: str | Path, text: str) -> None:
             os.fsync(f.fileno())
 
     write_file_atomically(Path(path), _write)
+
+
+class OutputBusy(RuntimeError):
+    """Another process is writing the same output (it holds the output's lock)."""
+
+
+def lock_path(out: str | Path) -> Path:
+    """The lock file of the output `out` (a file or a directory swapped in whole): `.NAME.lock` beside it,
+    so the lock outlives the swaps that replace `out`."""
+    out = Path(os.path.abspath(out))
+    return out.parent / f".{out.name}.lock"
+
+
+@contextlib.contextmanager
+def exclusive(lock: str | Path, what: str | Path | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on the file `lock` (created if missing; it stays, empty of meaning, after
+    the block) for the block; OutputBusy at once, naming `what` (default: the lock) and the holder's pid,
+    if another process holds it."""
+    lock = Path(lock)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            who = f"pid {holder}" if holder.isdigit() else "pid unknown"
+            raise OutputBusy(f"{what or lock} is being written by another process ({who}); wait for it to "
+                             "finish or choose another output") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def save_tensors(

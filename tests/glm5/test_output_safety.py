@@ -33,3 +33,15 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
+    out = tmp_path / "run"
+    lock = fsio.lock_path(out)
+    assert lock.parent == tmp_path and lock.name == ".run.lock"
+    with fsio.exclusive(lock, out):
+        with pytest.raises(fsio.OutputBusy, match=rf"{out}.*pid {os.getpid()}"):
+            with fsio.exclusive(lock, out):
+                pass
+    with fsio.exclusive(lock, out):  # released at the end of the block
+        pass
