@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from glm5 import fsio
 from glm5.config import GLM5Config
@@ -28,6 +28,8 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 _STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: the dtypes a float checkpoint may store (anything else would be cast silently)
+FLOAT_DTYPES = frozenset(_DTYPES.values())
 
 
 class CheckpointError(ValueError):
@@ -41,6 +43,86 @@ class CheckpointError(ValueError):
                 shown = ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
                 parts.append(f"{len(names)} {what} tensor(s): {shown}")
         super().__init__("checkpoint does not match the model: " + "; ".join(parts))
+
+
+class BadCheckpointFile(CheckpointError):
+    """A file of the checkpoint that cannot be read, or holds a tensor or field that cannot be loaded: one
+    line naming the file and what is wrong."""
+
+    def __init__(self, file: str | Path, problem: str) -> None:
+        self.missing, self.unexpected, self.mismatched = [], [], []
+        self.file = Path(file)
+        ValueError.__init__(self, f"{file}: {problem}")
+
+
+def open_tensors(f: Path) -> Any:
+    """A safetensors handle on `f`; a truncated, empty or malformed file (bad header, JSON, offsets)
+    raises BadCheckpointFile naming it."""
+    try:
+        return safe_open(f, framework="pt", device="cpu")
+    except (SafetensorError, OSError) as exc:
+        raise BadCheckpointFile(f, f"not a readable safetensors file ({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+def _nonfinite(t: torch.Tensor) -> bool:
+    if t.dtype == torch.float8_e4m3fn:  # no inf; NaN is the byte pattern s.1111.111 (isfinite lacks fp8)
+        return bool((t.view(torch.uint8) & 0x7F).eq(0x7F).any())
+    if t.dtype.is_floating_point and t.dtype.itemsize == 1:
+        t = t.float()
+    return t.dtype.is_floating_point and not bool(torch.isfinite(t).all())
+
+
+def checked_tensor(name: str, t: torch.Tensor, file: Path, dtypes: Any = None) -> torch.Tensor:
+    """`t` as read from `file`, refused (BadCheckpointFile naming the tensor and its dtype) when its dtype
+    is not one of `dtypes` (None: any) or it holds NaN or inf (no tensor of the model may)."""
+    if dtypes is not None and t.dtype not in dtypes:
+        want = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+        raise BadCheckpointFile(file, f"tensor {name}: expected dtype {want}, got "
+                                      f"{str(t.dtype).removeprefix('torch.')}")
+    if _nonfinite(t):
+        raise BadCheckpointFile(file, f"tensor {name} holds NaN or inf")
+    return t
+
+
+class TensorFiles:
+    """The tensors of a checkpoint directory by name (`weight_files`), each read through
+    `checked_tensor`; files are opened once, on first use."""
+
+    def __init__(self, path: Path, index_name: str = INDEX_FILE) -> None:
+        self.where = weight_files(Path(path), index_name)
+        self._h: dict[Path, Any] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def _handle(self, name: str) -> Any:
+        if name not in self.where:
+            raise KeyError(f"checkpoint: tensor {name} missing")
+        f = self.where[name]
+        if f not in self._h:
+            self._h[f] = open_tensors(f)
+        return self._h[f]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The stored shape, read from the header only."""
+        return tuple(self._handle(name).get_slice(name).get_shape())
+
+    def get(self, name: str, dtypes: Any = None) -> torch.Tensor:
+        """The tensor `name`, of one of `dtypes` (None: any) and finite."""
+        try:
+            t = self._handle(name).get_tensor(name)
+        except SafetensorError as exc:
+            raise BadCheckpointFile(self.where[name], f"tensor {name}: {_first_line(exc)}") from None
+        return checked_tensor(name, t, self.where[name], dtypes)
+
+    def close(self) -> None:
+        """Drop the open files (and their memory maps: the pages read so far stop counting as this
+        process's memory); the next `get` reopens what it needs."""
+        self._h.clear()
 
 
 def _hf_names(model: torch.nn.Module) -> Iterator[tuple[str, str, int | None]]:
@@ -85,14 +167,28 @@ def check_dir(path: str | Path) -> Path:
         elif path.name == "checkpoints" and (path / "latest").exists():
             hint = f" (pass {path / 'latest'})"
         raise NotACheckpoint(f"{path} is not a checkpoint: no config.json{hint}")
-    fsio.regular_file(cfg, "config.json")
+    fsio.inside(path, "config.json", "config.json")  # a symlink out of the checkpoint is refused
     return path
 
 
+def _read_json(f: Path) -> Any:
+    try:
+        return json.loads(f.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadCheckpointFile(f, f"not valid JSON ({_first_line(exc)})") from None
+
+
 def read_config(path: Path) -> dict[str, Any]:
-    raw = json.loads((check_dir(path) / "config.json").read_text())
+    """config.json of the checkpoint `path`, checked: a JSON object whose fields GLM5Config accepts
+    (type and range of each; BadCheckpointFile naming the file and the field otherwise)."""
+    f = check_dir(path) / "config.json"
+    raw = _read_json(f)
     if not isinstance(raw, dict):
-        raise NotACheckpoint(f"{path}/config.json: expected a JSON object, got {type(raw).__name__}")
+        raise NotACheckpoint(f"{f}: expected a JSON object, got {type(raw).__name__}")
+    try:
+        GLM5Config.from_dict(raw)
+    except ValueError as exc:
+        raise BadCheckpointFile(f, _first_line(exc)) from None
     return raw
 
 
@@ -102,16 +198,28 @@ def weight_files(path: Path, index_name: str = INDEX_FILE) -> dict[str, Path]:
     index = path / index_name
     if index.exists():
         fsio.regular_file(index, index_name)
-        wmap = json.loads(index.read_text()).get("weight_map")
+        wmap = _read_json(index)
+        wmap = wmap.get("weight_map") if isinstance(wmap, dict) else None
         if not isinstance(wmap, dict):
-            raise ValueError(f"{index_name}: expected a 'weight_map' object")
+            raise BadCheckpointFile(index, "expected an object with a 'weight_map' object")
         files = {v: fsio.inside(path, v, f"{index_name} weight_map") for v in set(wmap.values())}
+        for v, f in files.items():  # headers only: every tensor the index names is in its shard
+            with open_tensors(f) as h:
+                held = set(h.keys())
+            absent = sorted(k for k, file in wmap.items() if file == v and k not in held)
+            if absent:
+                raise BadCheckpointFile(f, f"lacks {len(absent)} tensor(s) {index_name} places there: "
+                                           f"{', '.join(absent[:5])}")
         return {k: files[v] for k, v in wmap.items()}
-    out = {}
+    out: dict[str, Path] = {}
     for f in sorted(path.glob("*.safetensors")):
         fsio.inside(path, f.name, "path")
-        with safe_open(f, framework="pt") as h:
-            out.update({k: f for k in h.keys()})
+        with open_tensors(f) as h:
+            for k in h.keys():
+                if k in out:
+                    raise BadCheckpointFile(path, f"tensor {k} is in both {out[k].name} and {f.name} (and no "
+                                                  f"{index_name} says which to use)")
+                out[k] = f
     if not out:
         raise NotACheckpoint(f"{path} is not a checkpoint: no {index_name} and no *.safetensors")
     return out
@@ -128,28 +236,32 @@ def without_absent_mtp(config: GLM5Config, names: Any, path: Path) -> GLM5Config
     if keep == declared:
         return config
     log.warning(
-        "%s: no tensors for MTP layer(s) %s (num_nextn_predict_layers=%d): loaded with %d MTP layer(s)%s",
-        path, list(range(n + keep, n + declared)), declared, keep,
+        "%s: no tensors for MTP layer(s) %d-%d (num_nextn_predict_layers=%d): loaded with %d MTP layer(s)%s",
+        path, n + keep, n + declared - 1, declared, keep,
         "; speculative decoding (--mtp) is unavailable" if keep == 0 else "",
     )
     return dataclasses.replace(config, num_nextn_predict_layers=keep)
 
 
-def _shape_of(handle: Any, name: str) -> tuple[int, ...]:
-    return tuple(handle.get_slice(name).get_shape())
-
-
-def fit_report(
-    model: torch.nn.Module, present: Any, shape_of: Any, copies: dict[str, str]
-) -> tuple[list[str], list[str], list[str]]:
-    """(missing, unexpected, mis-shaped) tensors of a checkpoint holding the names `present`, with stored
-    shapes `shape_of(name)`, against `model`; `copies` (`_shared_copies`) are accepted when present, at
-    the shape of the tensor they repeat."""
+def expected_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """Checkpoint name -> shape of every tensor a float checkpoint of `model` stores."""
     params = model.state_dict(keep_vars=True)
-    expected = {
+    return {
         hf: tuple(params[sd].shape[1:] if e is not None else params[sd].shape)
         for hf, sd, e in _hf_names(model)
     }
+
+
+def fit_report(
+    model: torch.nn.Module, present: Any, shape_of: Any, copies: dict[str, str],
+    expected: dict[str, tuple[int, ...]] | None = None,
+) -> tuple[list[str], list[str], list[str]]:
+    """(missing, unexpected, mis-shaped) tensors of a checkpoint holding the names `present`, with stored
+    shapes `shape_of(name)`, against `expected` (name -> shape; default `expected_shapes(model)`, a float
+    checkpoint); `copies` (`_shared_copies`) are accepted when present, at the shape of the tensor they
+    repeat."""
+    params = model.state_dict(keep_vars=True)
+    expected = expected_shapes(model) if expected is None else expected
     missing = sorted(k for k in expected if k not in present)
     unexpected = sorted(k for k in present if k not in expected and k not in copies)
     mismatched = [
@@ -175,7 +287,8 @@ def load_pretrained(
 ) -> Any:
     path = Path(path)
     raw = read_config(path)
-    wmap = weight_files(path)
+    files = TensorFiles(path)
+    wmap = files.where
     config = without_absent_mtp(GLM5Config.from_dict(raw), wmap, path)
     dtype = dtype or _DTYPES.get(str(raw.get("dtype") or raw.get("torch_dtype")), torch.float32)
     with torch.device("meta"):
@@ -183,27 +296,17 @@ def load_pretrained(
     device = model.backend.device
     expected = {hf: (sd, e) for hf, sd, e in _hf_names(model)}
     copies = _shared_copies(config)
-    handles: dict[Path, Any] = {}
-
-    def handle(f: Path) -> Any:
-        if f not in handles:
-            handles[f] = safe_open(f, framework="pt", device="cpu")
-        return handles[f]
-
-    def shape_of(hf: str) -> tuple[int, ...]:
-        return _shape_of(handle(wmap[hf]), hf)
-
-    missing, unexpected, mismatched = fit_report(model, wmap, shape_of, copies)
+    missing, unexpected, mismatched = fit_report(model, wmap, files.shape, copies)
     if missing or mismatched or (unexpected and strict):
         raise CheckpointError(missing, unexpected if strict else [], mismatched)
     model.to_empty(device=device)
     params = model.state_dict(keep_vars=True)  # to_empty made new parameters
     for hf, (sd, e) in expected.items():
-        t = handle(wmap[hf]).get_tensor(hf)
+        t = files.get(hf, FLOAT_DTYPES)
         (params[sd][e] if e is not None else params[sd]).copy_(t)
     for hf, sd in copies.items():
         if hf in wmap:
-            check_shared_copy(hf, handle(wmap[hf]).get_tensor(hf), sd, params[sd])
+            check_shared_copy(hf, files.get(hf, FLOAT_DTYPES), sd, params[sd])
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model

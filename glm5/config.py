@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +74,7 @@ class GLM5Config:
     num_nextn_predict_layers: int = 1
 
     def __post_init__(self) -> None:
+        _check_fields(self)
         if self.indexer_types is None:
             self.indexer_types = _derive_indexer_types(self)
         self.validate()
@@ -100,7 +104,7 @@ class GLM5Config:
 
     def validate(self) -> None:
         def bad(name: str, want: str, got: Any) -> None:
-            raise ValueError(f"{name}: expected {want}, got {got!r}")
+            raise ValueError(f"{name}: expected {want}, got {_short(got)}")
 
         if self.rope_parameters.get("rope_type", "default") != "default":
             bad(
@@ -142,8 +146,15 @@ class GLM5Config:
                 f"<= n_routed_experts={self.n_routed_experts}",
                 self.num_experts_per_tok,
             )
-        if self.index_topk < 1:
-            bad("index_topk", ">= 1", self.index_topk)
+        if self.num_nextn_predict_layers > self.num_hidden_layers:
+            bad(
+                "num_nextn_predict_layers",
+                f"<= num_hidden_layers={self.num_hidden_layers}",
+                self.num_nextn_predict_layers,
+            )
+        theta = self.rope_parameters.get("rope_theta", 1e6)
+        if not _is(theta, float) or not theta > 0:
+            bad("rope_parameters.rope_theta", "a number > 0", theta)
 
     # -- I/O ---------------------------------------------------------------------------------------
     @classmethod
@@ -183,6 +194,69 @@ class GLM5Config:
         if overrides.get("num_hidden_layers") is not None and "indexer_types" not in overrides:
             d.pop("indexer_types", None)  # re-derive for the new depth
         return cls.from_dict(d)
+
+
+#: inclusive (low, high) bounds of numeric fields (each entry of a list field); the types come from the
+#: field annotations (bool is not an int, 64.0 is not an int)
+_RANGES: dict[str, tuple[float, float]] = {
+    **{f: (1, math.inf) for f in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "max_position_embeddings", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+        "qk_rope_head_dim", "v_head_dim", "index_topk", "index_n_heads", "index_head_dim", "index_topk_freq",
+        "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_group", "topk_group",
+    )},
+    **{f: (0, math.inf) for f in (
+        "n_shared_experts", "first_k_dense_replace", "index_skip_topk_offset", "num_nextn_predict_layers",
+        "pad_token_id", "bos_token_id", "eos_token_id", "initializer_range",
+    )},
+}
+#: bounds whose low end is excluded (an eps, a scale)
+_OPEN_LOW: dict[str, tuple[float, float]] = {"rms_norm_eps": (0, 1), "routed_scaling_factor": (0, math.inf)}
+_NON_EMPTY = {"eos_token_id", "rope_parameters"}
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is(value: Any, tp: Any) -> bool:
+    """`value` fits the annotation `tp` (int, float, bool, str, dict, list[X], unions, None)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is(value, arm) for arm in typing.get_args(tp))
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return isinstance(value, list) and all(_is(v, item) for v in value)
+    if tp is type(None):
+        return value is None
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, origin or tp)
+
+
+def _type_name(tp: Any) -> str:
+    return str(tp).replace("typing.", "") if typing.get_origin(tp) else tp.__name__
+
+
+def _check_fields(c: GLM5Config) -> None:
+    """Every field of the type its annotation says and in its range (_RANGES): ValueError naming the
+    field, what was expected and what it got (long values cut short)."""
+    hints = typing.get_type_hints(type(c))
+    for f in dataclasses.fields(c):
+        value, tp = getattr(c, f.name), hints[f.name]
+        if not _is(value, tp):
+            raise ValueError(f"{f.name}: expected {_type_name(tp)}, got {_short(value)}")
+        if f.name in _NON_EMPTY and isinstance(value, (list, dict)) and not value:
+            raise ValueError(f"{f.name}: expected a non-empty {type(value).__name__}, got {_short(value)}")
+        lo, hi = _OPEN_LOW.get(f.name) or _RANGES.get(f.name, (-math.inf, math.inf))
+        is_open = f.name in _OPEN_LOW
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, (int, float)) and not ((lo < v if is_open else lo <= v) and v <= hi):
+                want = f"{'>' if is_open else '>='} {lo}" + (f" and <= {hi}" if hi != math.inf else "")
+                raise ValueError(f"{f.name}: expected {want}, got {_short(value)}")
 
 
 def _derive_indexer_types(c: GLM5Config) -> list[str]:

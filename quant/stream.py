@@ -25,12 +25,12 @@ from torch import nn
 
 from glm5.checkpoint import (
     _DTYPES,
+    FLOAT_DTYPES,
     CheckpointError,
     ShardWriter,
     _hf_names,
     _shared_copies,
     check_shared_copy,
-    fit_report,
     read_config,
     without_absent_mtp,
 )
@@ -80,10 +80,10 @@ def _materialize(model: nn.Module, modules: list[nn.Module], scope: Callable[[st
     params = model.state_dict(keep_vars=True)
     for hf, sd, e in _hf_names(model):
         if scope(sd.rsplit(".", 1)[0]):
-            (params[sd][e] if e is not None else params[sd]).copy_(reader.get(hf))
+            (params[sd][e] if e is not None else params[sd]).copy_(reader.get(hf, FLOAT_DTYPES))
     for hf, sd in copies.items():
         if hf in reader and scope(hf.rsplit(".", 1)[0]):
-            check_shared_copy(hf, reader.get(hf), sd, params[sd])
+            check_shared_copy(hf, reader.get(hf, FLOAT_DTYPES), sd, params[sd])
 
 
 def _meta_layer(model: nn.Module, i: int, dtype: torch.dtype) -> nn.Module:
@@ -123,7 +123,7 @@ def convert(
     with torch.device("meta"):
         model = GLM5ForCausalLM(config, backend=backend, dtype=dtype)
     copies = {k: v for k, v in _shared_copies(config).items() if k in reader}
-    missing, unexpected, mismatched = fit_report(model, reader.where, reader.shape, copies)
+    missing, unexpected, mismatched = reader.fit(model, copies)  # an FP8 source: its scales too
     if missing or unexpected or mismatched:
         raise CheckpointError(missing, unexpected, mismatched)
     plan = plan_model(model, recipe) if fmt != fp8.FORMAT else {}

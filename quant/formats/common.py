@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
-from glm5.checkpoint import weight_files, write_shards
+from glm5.checkpoint import FLOAT_DTYPES, TensorFiles, fit_report, write_shards
 from quant.apply import EXPERT_PROJS
 from quant.modules import QuantExperts, QuantLinear
 from quant.recipe import Scheme
@@ -78,42 +77,27 @@ def write_checkpoint(path: Path, config: dict[str, Any], tensors: dict[str, torc
     write_shards(path, config, tensors, max_shard_size, extra_files)
 
 
-class TensorReader:
-    """All tensors of a checkpoint directory by name; records which were read (for strict loading)."""
+class TensorReader(TensorFiles):
+    """All tensors of a checkpoint directory by name, read as the float loader reads them (only regular
+    files inside `path`; every tensor checked: glm5.checkpoint.TensorFiles); records which were read (for
+    strict loading)."""
 
     def __init__(self, path: Path) -> None:
-        # the float loader's reader: only regular files inside `path`, whatever the index names
-        self.where = weight_files(Path(path), INDEX_FILE)
+        super().__init__(Path(path), INDEX_FILE)
         self.used: set[str] = set()
-        self._h: dict[Path, Any] = {}
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.where
-
-    def _handle(self, name: str) -> Any:
-        if name not in self.where:
-            raise KeyError(f"checkpoint: tensor {name} missing")
-        f = self.where[name]
-        if f not in self._h:
-            self._h[f] = safe_open(f, framework="pt", device="cpu")
-        return self._h[f]
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        """The stored shape, read from the header only."""
-        return tuple(self._handle(name).get_slice(name).get_shape())
-
-    def get(self, name: str) -> torch.Tensor:
-        t = self._handle(name).get_tensor(name)
+    def get(self, name: str, dtypes: Any = None) -> torch.Tensor:
+        t = super().get(name, dtypes)
         self.used.add(name)
         return t
 
     def unused(self) -> list[str]:
         return sorted(set(self.where) - self.used)
 
-    def close(self) -> None:
-        """Drop the open files (and their memory maps: the pages read so far stop counting as this
-        process's memory); the next `get` reopens what it needs."""
-        self._h.clear()
+    def fit(self, model: nn.Module, copies: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+        """(missing, unexpected, mis-shaped) tensors against a float checkpoint of `model`
+        (glm5.checkpoint.fit_report); reads headers only."""
+        return fit_report(model, self.where, self.shape, copies)
 
 
 @torch.no_grad()
@@ -125,7 +109,7 @@ def fill_model(model: nn.Module, reader: TensorReader,
     Every tensor of the checkpoint must be used (except names `ignore` accepts)."""
     sd = model.state_dict(keep_vars=True)
     for hf, name, e in float_entries(model):
-        t = reader.get(hf)
+        t = reader.get(hf, FLOAT_DTYPES)
         dst = sd[name][e] if e is not None else sd[name]
         if tuple(t.shape) != tuple(dst.shape):
             raise ValueError(f"checkpoint: {hf} expected shape {list(dst.shape)}, got {list(t.shape)}")

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from backends.formats import BLOCK, E4M3, dequantize_weight_blocks, quantize_weight_blocks
-from glm5.checkpoint import config_json
+from backends.formats import BLOCK, E4M3, cdiv, dequantize_weight_blocks, quantize_weight_blocks
+from glm5.checkpoint import FLOAT_DTYPES, CheckpointError, config_json, expected_shapes, fit_report
 from glm5.moe import Experts
 from quant.formats.common import Scope, TensorReader, write_checkpoint
 from quant.fp8_modules import EXPERT_PROJS, FP8Experts, FP8Linear
@@ -157,25 +157,58 @@ def export(model: nn.Module, path: Path, ue8m0: bool = False) -> None:
 # -- load ------------------------------------------------------------------------------------------------
 
 
+def fp8_layout(model: nn.Module) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """(name -> shape of every tensor a GLM-5-FP8 checkpoint of the float `model` stores, the names stored
+    e4m3): each FP8 target's weight [N, K] is e4m3 with a `_scale_inv` [ceil(N/128), ceil(K/128)]; every
+    other tensor is float, as in a float checkpoint."""
+    shapes = expected_shapes(model)
+    fp8: set[str] = set()
+    for name, mod in fp8_targets(model):
+        if isinstance(mod, nn.Linear):
+            fp8.add(f"{name}.weight")
+        else:
+            fp8.update(f"{name}.{e}.{p}.weight" for e in range(mod.gate_proj.shape[0]) for p in EXPERT_PROJS)
+    for w in fp8:
+        n, k = shapes[w]
+        shapes[f"{w}{SCALE_SUFFIX}"] = (cdiv(n, BLOCK), cdiv(k, BLOCK))
+    return shapes, fp8
+
+
 class DequantizingReader(TensorReader):
     """A TensorReader that returns FP8 weights de-quantized to `dtype` (one tensor at a time, block by
-    block) and hides their `_scale_inv` companions: what the float loader expects."""
+    block) and hides their `_scale_inv` companions: what the float loader expects. `fit` checks the
+    stored names and shapes (scales included) against the model and must come before `get`: after it,
+    the FP8 targets' weights must be stored e4m3 (scales fp32/bf16/fp16) and every other tensor float."""
 
     def __init__(self, path: Path, dtype: torch.dtype) -> None:
         super().__init__(path)
         self.dtype = dtype
         self._raw = TensorReader(path)  # every tensor as stored, scales included
         scale = f".weight{SCALE_SUFFIX}"
-        self._scales = {k[: -len(SCALE_SUFFIX)]: k for k in self.where if k.endswith(scale)}
         self.where = {k: v for k, v in self.where.items() if not k.endswith(scale)}
+        self.fp8: set[str] | None = None  # the names stored e4m3, known once `fit` ran
 
-    def get(self, name: str) -> torch.Tensor:
-        t = super().get(name)
-        if t.dtype == E4M3:
-            if name not in self._scales:
-                raise ValueError(f"checkpoint: {name} is e4m3 but has no {name}{SCALE_SUFFIX}")
-            return dequantize_weight_blocks(t, self._raw.get(self._scales[name])).to(self.dtype)
-        return t
+    def fit(self, model: nn.Module, copies: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+        """(missing, unexpected, mis-shaped) tensors, scales included, against a GLM-5-FP8 checkpoint of
+        the float `model` (fp8_layout); reads headers only."""
+        expected, self.fp8 = fp8_layout(model)
+        return fit_report(model, self._raw.where, self._raw.shape, copies, expected)
+
+    def fp8_pair(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(e4m3 weight, fp32 scale_inv) of the FP8 weight `name`, as stored (checked dtypes, finite)."""
+        if self.fp8 is None:
+            raise RuntimeError("DequantizingReader: call fit(model, copies) before reading tensors")
+        q = super().get(name, {E4M3})
+        return q, self._raw.get(f"{name}{SCALE_SUFFIX}", FLOAT_DTYPES).float()
+
+    def get(self, name: str, dtypes: Any = FLOAT_DTYPES) -> torch.Tensor:
+        """The tensor `name` in float: an FP8 weight de-quantized to `dtype`, any other as stored (of
+        `dtypes`)."""
+        if self.fp8 is None:
+            raise RuntimeError("DequantizingReader: call fit(model, copies) before reading tensors")
+        if name in self.fp8:
+            return dequantize_weight_blocks(*self.fp8_pair(name)).to(self.dtype)
+        return super().get(name, dtypes)
 
     def close(self) -> None:
         super().close()
@@ -197,7 +230,7 @@ def load_fp8(
     """Build `cls` (GLM5ForCausalLM) from an FP8 checkpoint. fp8_modules=True: FP8Linear / FP8Experts on
     the backend's FP8 ops (the format served as published); False: every weight de-quantized to `dtype`
     (a float model, e.g. the source of `glm5 quantize`)."""
-    from glm5.checkpoint import read_config, without_absent_mtp
+    from glm5.checkpoint import _shared_copies, read_config, without_absent_mtp
     from glm5.config import GLM5Config
     from glm5.model import GLM5ForCausalLM
 
@@ -212,6 +245,10 @@ def load_fp8(
     cls = cls or GLM5ForCausalLM
     with torch.device("meta"):
         model = cls(config, backend=backend, dtype=dtype)
+    copies = {k: v for k, v in _shared_copies(config).items() if k in reader}
+    missing, unexpected, mismatched = reader.fit(model, copies)
+    if missing or unexpected or mismatched:
+        raise CheckpointError(missing, unexpected, mismatched)
     swapped: dict[str, nn.Module] = {}
     if fp8_modules:
         for name, mod in fp8_targets(model):
@@ -228,32 +265,29 @@ def load_fp8(
             setattr(model.get_submodule(parent), leaf, new)
             swapped[name] = new
     model.to_empty(device=model.backend.device)
-    _fill(model, reader, swapped)
+    _fill(model, reader, swapped, copies)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.fp8_ue8m0 = ue8m0
     return model.eval()
 
 
-def _fill(model: nn.Module, reader: DequantizingReader, swapped: dict[str, nn.Module]) -> None:
-    from glm5.checkpoint import _hf_names
+def _fill(model: nn.Module, reader: DequantizingReader, swapped: dict[str, nn.Module],
+          copies: dict[str, str]) -> None:
+    """Fill the model whose FP8 targets are `swapped` in; names, shapes and leftovers were checked by
+    `reader.fit`, dtypes and finiteness are checked as each tensor is read."""
+    from glm5.checkpoint import _hf_names, check_shared_copy
 
-    raw = reader._raw
     for name, mod in swapped.items():
         if isinstance(mod, FP8Linear):
             mod.set_fp8(
-                raw.get(f"{name}.weight"),
-                raw.get(f"{name}.weight{SCALE_SUFFIX}"),
-                raw.get(f"{name}.bias") if mod.bias is not None else None,
+                *reader.fp8_pair(f"{name}.weight"),
+                reader.get(f"{name}.bias") if mod.bias is not None else None,
             )
-            for t in ("weight", f"weight{SCALE_SUFFIX}", "bias"):
-                reader.used.add(f"{name}.{t}")
         else:
             for e in range(mod.n_experts):
                 for p in EXPERT_PROJS:
-                    key = f"{name}.{e}.{p}"
-                    mod.set_fp8(e, p, raw.get(f"{key}.weight"), raw.get(f"{key}.weight{SCALE_SUFFIX}"))
-                    reader.used.add(f"{key}.weight")
+                    mod.set_fp8(e, p, *reader.fp8_pair(f"{name}.{e}.{p}.weight"))
     prefixes = tuple(f"{n}." for n in swapped)
     params = model.state_dict(keep_vars=True)
     for hf, sd, e in _hf_names(model):
@@ -264,6 +298,8 @@ def _fill(model: nn.Module, reader: DequantizingReader, swapped: dict[str, nn.Mo
         if tuple(t.shape) != tuple(dst.shape):
             raise ValueError(f"checkpoint: {hf} expected shape {list(dst.shape)}, got {list(t.shape)}")
         dst.copy_(t)
+    for hf, sd in copies.items():
+        check_shared_copy(hf, reader.get(hf), sd, params[sd])
     left = [n for n in reader.unused()]
     if left:
         raise ValueError(f"checkpoint: {len(left)} unexpected tensor(s): {', '.join(left[:20])}")
