@@ -2,8 +2,9 @@
 
 - A directory is built in a staging sibling (`.NAME.tmp-PID-XXXX`) and swapped into place with one
   atomic `renameat2(RENAME_EXCHANGE)`, so at every instant the path holds the old checkpoint or the new
-  one, never nothing. Staging directories of dead processes (a kill during a save) are removed by the
-  next save next to them.
+  one, never nothing. Without RENAME_EXCHANGE the old one is renamed to `.NAME.old-PID-XXXX` first,
+  which the next writer (`recover`) restores if the new one never arrived. Staging directories of dead
+  processes (a kill during a save) are removed by the next save next to them.
 - Everything written is fsynced (files, then their directory) before it is published.
 - Files get the modes of ordinary files (0666 & ~umask; directories 0777 & ~umask): a serving process
   running as another user must be able to read a checkpoint. safetensors and mkdtemp create 0600/0700.
@@ -26,9 +27,10 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import save_file
+if TYPE_CHECKING:  # torch is imported by save_tensors only: the lock and text writers work without it
+    import torch
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -133,7 +135,19 @@ def exclusive(lock: str | Path, what: str | Path | None = None) -> Iterator[None
 def save_tensors(
     tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
 ) -> None:
-    save_file(tensors, path, metadata=metadata)
+    """Write a safetensors file, chmod it to an ordinary file's mode, fsync; a failing write (a full
+    disk) is an OSError naming `path` and the errno, as Python's own writes raise."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, path, metadata=metadata)
+    except SafetensorError as exc:  # the Rust writer reports "I/O error: ... (os error 28)"
+        code = re.search(r"\(os error (\d+)\)", str(exc))
+        if code is None:
+            raise
+        err = int(code.group(1))
+        raise OSError(err, os.strerror(err), str(path)) from exc
     os.chmod(path, file_mode())
     fsync_path(path)
 
@@ -162,27 +176,85 @@ def remove_stale(parent: Path, prefix: str) -> list[Path]:
     return removed
 
 
+# A directory replaced without RENAME_EXCHANGE is first renamed to `.NAME.old-PID-XXXX` (a complete copy
+# the next writer restores if NAME is missing); one being removed is renamed to `.NAME.trash-PID-XXXX`
+# (never restored, never read) before it is deleted.
+_SET_ASIDE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>old|trash)-(?P<pid>\d+)-[0-9a-z]+$")
+
+
+def _aside_name(path: Path, kind: str) -> Path:
+    while True:
+        p = path.parent / f".{path.name}.{kind}-{os.getpid()}-{os.urandom(4).hex()}"
+        if not (p.exists() or p.is_symlink()):
+            return p
+
+
+def recover(parent: Path) -> list[Path]:
+    """Finish what a killed writer left in `parent`: a directory set aside for a swap (`.NAME.old-*`) is
+    renamed back to NAME when NAME is missing (the newest such copy), else deleted (NAME holds the new
+    one); a directory being removed (`.NAME.trash-*`) is deleted. Entries of live processes are left
+    alone. Returns the restored paths."""
+    if not parent.is_dir():
+        return []
+    aside: dict[str, list[Path]] = {}
+    for p in parent.iterdir():
+        m = _SET_ASIDE.match(p.name)
+        if not m or not p.is_dir() or p.is_symlink() or _pid_alive(int(m["pid"])):
+            continue
+        if m["kind"] == "trash":
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            aside.setdefault(m["name"], []).append(p)
+    restored = []
+    for name, copies in aside.items():
+        target = parent / name
+        copies.sort(key=lambda p: p.stat().st_ctime)
+        if not (target.exists() or target.is_symlink()):
+            os.rename(copies.pop(), target)
+            fsync_path(parent)
+            restored.append(target)
+        for p in copies:  # NAME holds a complete copy: these are older ones
+            shutil.rmtree(p, ignore_errors=True)
+    return restored
+
+
+def remove_dir(path: Path) -> None:
+    """Delete the directory `path` so that no reader ever sees it half-deleted: it is renamed to a trash
+    name first (one step), then deleted; a kill in between leaves the trash for `recover`."""
+    trash = _aside_name(path, "trash")
+    os.rename(path, trash)
+    fsync_path(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def staging_dir(parent: Path, prefix: str) -> Path:
     """A fresh staging directory `parent/{prefix}{PID}-XXXX` (mode of an ordinary directory), after
-    removing the stale ones a killed process left there."""
+    finishing what a killed writer left there (`recover`) and removing its staging directories."""
     parent.mkdir(parents=True, exist_ok=True)
+    recover(parent)
     remove_stale(parent, prefix)
     tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
     os.chmod(tmp, dir_mode())
     return tmp
 
 
+def _renameat2(a: Path, b: Path, flags: int) -> int:
+    """renameat2(2): 0, or the errno (ENOSYS where libc has no renameat2)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return errno.ENOSYS
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
 def _exchange(a: Path, b: Path) -> bool:
     """Atomically swap two paths (Linux renameat2); False where the kernel or filesystem cannot."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    err = _renameat2(a, b, _RENAME_EXCHANGE)
+    if err == 0:
         return True
-    err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EXDEV):
         return False
     raise OSError(err, os.strerror(err), str(b))
@@ -192,9 +264,11 @@ def publish_dir(tmp: Path, path: Path, prefix: str) -> None:
     """Put the complete directory `tmp` (made by `staging_dir(path.parent, prefix)`) at `path`, replacing
     what is there, and delete the old one.
 
-    With RENAME_EXCHANGE there is no instant without a checkpoint at `path`; where the filesystem lacks
-    it, the old directory is renamed aside first (a short window, and the old copy survives a kill as a
-    staging directory until the next save removes it)."""
+    With RENAME_EXCHANGE there is no instant without a checkpoint at `path`. Where the filesystem lacks
+    it (NFS, some overlay filesystems) the old directory is renamed to `.NAME.old-PID-XXXX` first and the
+    new one into place second: a kill between the two leaves the old copy complete under a name that
+    `recover` (run by the next `staging_dir` here, and by readers that call it) renames back, and that
+    no cleanup of staging directories deletes."""
     for f in tmp.rglob("*"):
         if f.is_file():
             fsync_path(f)
@@ -203,14 +277,17 @@ def publish_dir(tmp: Path, path: Path, prefix: str) -> None:
     if path.exists() or path.is_symlink():
         if not path.is_dir() or path.is_symlink():
             raise FileExistsError(f"{path} exists and is not a directory: refusing to replace it")
-        if not _exchange(tmp, path):
-            aside = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=path.parent))
-            os.replace(path, aside / path.name)
-            os.replace(tmp, path)
-            tmp = aside
-        shutil.rmtree(tmp, ignore_errors=True)  # the old directory, now under the staging name
+        if _exchange(tmp, path):
+            shutil.rmtree(tmp, ignore_errors=True)  # the old directory, now under the staging name
+        else:
+            old = _aside_name(path, "old")
+            os.rename(path, old)
+            fsync_path(path.parent)
+            os.rename(tmp, path)
+            fsync_path(path.parent)
+            shutil.rmtree(old, ignore_errors=True)
     else:
-        os.replace(tmp, path)
+        os.rename(tmp, path)
     fsync_path(path.parent)
 
 

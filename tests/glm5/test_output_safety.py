@@ -5,10 +5,16 @@ a failing save is one line."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
 from glm5 import fsio
+
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_write_text_atomic_keeps_the_old_text_when_the_write_fails(tmp_path, monkeypatch):
@@ -45,3 +51,75 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
                 pass
     with fsio.exclusive(lock, out):  # released at the end of the block
         pass
+
+
+# a writer on a filesystem without RENAME_EXCHANGE, killed (SIGKILL) just before its Nth rename
+_NO_EXCHANGE_WRITER = textwrap.dedent(
+    """
+    import errno, os, signal, sys
+    from pathlib import Path
+    from glm5 import fsio
+
+    fsio._renameat2 = lambda a, b, flags: errno.EINVAL
+    parent, value, kill_before = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    renames = 0
+
+    def rename(a, b, _real=os.rename):
+        global renames
+        renames += 1
+        if renames == kill_before:
+            os.kill(os.getpid(), signal.SIGKILL)
+        _real(a, b)
+
+    os.rename = os.replace = rename
+    tmp = fsio.staging_dir(parent, ".ckpt.tmp-")
+    for name in ("a", "b"):
+        (tmp / name).write_text(value)
+    fsio.publish_dir(tmp, parent / "ckpt", ".ckpt.tmp-")
+    """
+)
+
+
+def _write(parent, value, kill_before=0):
+    return subprocess.run([sys.executable, "-c", _NO_EXCHANGE_WRITER, str(parent), value, str(kill_before)],
+                          cwd=_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode
+
+
+def _complete_copies(parent):
+    """Versions of the complete copies at `ckpt` or under a name the next writer restores (not in the
+    staging directories, which the next writer removes)."""
+    names = [p for p in parent.iterdir() if p.name == "ckpt" or p.name.startswith(".ckpt.old-")]
+    return {int((p / "a").read_text()) for p in names if (p / "a").is_file() and (p / "b").is_file()}
+
+
+def test_without_rename_exchange_a_kill_at_any_rename_never_loses_the_last_complete_copy(tmp_path):
+    assert _write(tmp_path, "0") == 0
+    published = 0
+    # a kill before each rename of a replacing save, and reruns killed in turn (the old code's rerun
+    # deleted the copy set aside by the first kill, then died before publishing: nothing was left)
+    for version, kill_before in enumerate([2, 1, 2, 3, 1, 2, 1], start=1):
+        rc = _write(tmp_path, str(version), kill_before)
+        copies = _complete_copies(tmp_path)
+        assert copies and max(copies) >= published, (version, kill_before, copies)
+        published = version if rc == 0 else published
+    assert _write(tmp_path, "99") == 0
+    assert (tmp_path / "ckpt" / "a").read_text() == "99"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing set aside is left behind
+
+
+def test_recover_restores_the_copy_set_aside_and_drops_trash(tmp_path):
+    assert _write(tmp_path, "0") == 0
+    assert _write(tmp_path, "1", kill_before=2) != 0  # killed between the two renames
+    assert not (tmp_path / "ckpt").exists() and _complete_copies(tmp_path) == {0}
+    assert fsio.recover(tmp_path) == [tmp_path / "ckpt"]
+    assert (tmp_path / "ckpt" / "a").read_text() == "0"
+    trash = tmp_path / f".ckpt.trash-{_dead_pid()}-0a"
+    trash.mkdir()
+    fsio.recover(tmp_path)
+    assert not trash.exists()
+
+
+def _dead_pid() -> int:
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                       capture_output=True, text=True)
+    return int(p.stdout)
