@@ -1,5 +1,6 @@
-"""cpu backend: indexer_topk (SPEC 2.2): the reference's logits, bit for bit (the same dot products on
-the same 128-query blocks and 2048-key chunks: `mm` + `bmm` in place of its two einsums), selected by
+"""cpu backend: indexer_topk (SPEC 2.2): the reference's logits, bit for bit by construction (its own
+`score_block` on the same 128-query blocks and 2048-key chunks: a BLAS's summation order differs between
+CPUs and call shapes, so nothing but the same call gives the same bits on every x86 CPU), selected by
 `torch.topk` with exactness checks instead of two stable sorts per chunk.
 
 Per query block, each chunk's scores are first filtered against the running k-th value (exact: a key
@@ -22,6 +23,7 @@ from backends.cpu._workspace import buffer
 from backends.cpu.topk import topk as select_topk
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
+from backends.reference.indexer_logits import score_block
 
 # The reference's blocking: scores are computed on exactly these shapes, so they are its bits.
 QUERY_BLOCK = 128
@@ -31,27 +33,23 @@ DIRECT_ELEMS = 1 << 20
 
 
 class _Scorer:
-    """The reference's logits for one query block, on its shapes, into buffers reused across key chunks
-    (fresh multi-MiB tensors cost more in page faults than the arithmetic on them)."""
+    """The reference's logits for one query block: its own `score_block` on its shapes (the same call is
+    the only way to the same sums on every CPU), into buffers reused across key chunks (fresh multi-MiB
+    tensors cost more in page faults than the arithmetic on them)."""
 
     def __init__(self, q: torch.Tensor, weights: torch.Tensor) -> None:
-        tq, h, d = q.shape
-        self.q = q.float().reshape(tq * h, d)
-        self.w = weights.float()[:, None, :]  # [tq, 1, H_I]
-        self.dots = buffer("indexer.dots", tq * h * KEY_CHUNK).view(tq * h, KEY_CHUNK)
-        self.out = buffer("indexer.out", tq * KEY_CHUNK).view(tq, 1, KEY_CHUNK)
+        tq, h, _ = q.shape
+        self.q, self.w = q, weights
+        self.dots = buffer("indexer.dots", tq * h * KEY_CHUNK)
+        self.out = buffer("indexer.out", tq * KEY_CHUNK)
         self.tq, self.h = tq, h
 
     def __call__(self, keys: torch.Tensor) -> torch.Tensor:
-        """keys [s <= KEY_CHUNK, D_I] -> [tq, s] fp32: relu(q . k) summed over heads with the weights.
-        mm + bmm compute the same dot products as the reference's two einsums (tests check it bitwise)."""
+        """keys [s <= KEY_CHUNK, D_I] -> [tq, s] fp32: relu(q . k) summed over heads with the weights."""
         s = keys.shape[0]
-        dots = self.dots[:, :s] if s == KEY_CHUNK else self.dots.view(-1)[: self.tq * self.h * s].view(-1, s)
-        torch.mm(self.q, keys.float().T, out=dots)
-        dots.relu_()
-        out = self.out if s == KEY_CHUNK else self.out.view(-1)[: self.tq * s].view(self.tq, 1, s)
-        torch.bmm(self.w, dots.view(self.tq, self.h, s), out=out)
-        return out[:, 0]
+        dots = self.dots[: self.tq * self.h * s].view(self.tq * self.h, s)
+        out = self.out[: self.tq * s].view(self.tq, 1, s)
+        return score_block(self.q, keys, self.w, dots=dots, out=out)
 
 
 def _direct_topk(q, keys, weights, visible, topk) -> torch.Tensor:
@@ -189,7 +187,7 @@ IMPL = OpImpl(
     OpCaps(
         FLOATS,
         ("ragged", "paged"),
-        limits={"logits": "the reference's einsums on its blocks (bitwise), so the order is its order"},
+        notes={"logits": "the reference's score_block on its blocks (the same call: bitwise on any CPU)"},
         run_to_run=True,
         batch_invariant=True,
         tie_rule="lower_index",

@@ -20,10 +20,26 @@ from backends.reference._cache import causal_counts, keys_of_request
 _BLOCK_ELEMS = 1 << 25
 
 
-def score_block(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """q [tq, H_I, D_I], keys [s, D_I], weights [tq, H_I] -> [tq, s] fp32, no mask."""
-    dots = torch.einsum("thd,sd->ths", q.float(), keys.float())  # [tq, H_I, s]
-    return torch.einsum("ths,th->ts", torch.relu(dots), weights.float())
+def score_block(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    weights: torch.Tensor,
+    dots: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [tq, H_I, D_I], keys [s, D_I], weights [tq, H_I] -> [tq, s] fp32, no mask.
+
+    The one place these logits are computed on the CPU: every implementation that claims the reference's
+    bits (the cpu backend's indexer top-k) calls this function on the same block shapes, because a BLAS
+    sums in an order of its own that differs between CPUs (AVX2, AVX-512, AMX; Intel and AMD) and between
+    call shapes, so only the same call is the same sum. `dots` [tq * H_I, s] and `out` [tq, 1, s] are
+    optional preallocated buffers (same calls, same bits, fewer page faults).
+    """
+    tq, h, d = q.shape
+    dots = torch.mm(q.float().reshape(tq * h, d), keys.float().T, out=dots)  # [tq * H_I, s]
+    dots.relu_()
+    w = weights.float()[:, None, :]  # [tq, 1, H_I]
+    return torch.bmm(w, dots.view(tq, h, -1), out=out)[:, 0]  # sum_h w[t, h] * relu(dot)
 
 
 @reference_op("indexer_logits")
