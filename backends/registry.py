@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 import traceback
 from dataclasses import dataclass
 from importlib import metadata
@@ -38,6 +39,9 @@ class _Entry:
 
 
 _cache: dict[str, _Entry] = {}
+#: guards the first construction of each backend: threads asking at once share one instance. Reentrant,
+#: because a backend's constructor may itself look up another backend.
+_lock = threading.RLock()
 
 
 def _describe(exc: BaseException) -> str:
@@ -90,18 +94,23 @@ def _load_plugin(ep: metadata.EntryPoint) -> _Entry:
 
 
 def _entries() -> dict[str, _Entry]:
-    for name in BUILTIN:
-        if name not in _cache:
-            _cache[name] = _load_builtin(name)
-    for ep in _plugin_entry_points():
-        if ep.name not in _cache:
-            _cache[ep.name] = _load_plugin(ep)
+    eps = _plugin_entry_points()
+    if all(n in _cache for n in BUILTIN) and all(ep.name in _cache for ep in eps):
+        return _cache  # every backend built: no lock on the hot path
+    with _lock:  # checked again under the lock: one thread builds, the others get its instance
+        for name in BUILTIN:
+            if name not in _cache:
+                _cache[name] = _load_builtin(name)
+        for ep in eps:
+            if ep.name not in _cache:
+                _cache[ep.name] = _load_plugin(ep)
     return _cache
 
 
 def refresh() -> None:
     """Forget loaded backends (after installing a plugin in-process, or for tests)."""
-    _cache.clear()
+    with _lock:
+        _cache.clear()
 
 
 def available() -> list[tuple[str, bool, str]]:
