@@ -67,6 +67,7 @@ class _LazyGroup(click.Group):
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="glm5-backends", prog_name="glm5", message="%(prog)s %(version)s")
 def main() -> None:
     """GLM-5 backend layer: conformance, model, training, quantization, deployment planning."""
 

@@ -133,3 +133,52 @@ def one_line_errors(hint: str | None = None) -> Iterator[None]:
         if hint:
             raise click.BadParameter(text, param_hint=hint) from None
         raise click.UsageError(text) from None
+
+
+def available_memory_bytes() -> int | None:
+    """Memory a new process can still allocate: MemAvailable (Linux /proc/meminfo), else the free physical
+    pages (os.sysconf); None when neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_preset_fits(preset: str | None, hint: str, dtype: Any = None) -> None:
+    """Refuse (BadParameter on `hint`) a preset whose parameters alone, at `dtype` (default: torch's default
+    dtype), need more memory than is available, before anything is allocated: the model is counted on the
+    meta device. None passes."""
+    if preset is None:
+        return
+    import torch
+
+    from glm5.config import GLM5Config
+    from glm5.deploy.inventory import meta_model
+
+    dtype = dtype or torch.get_default_dtype()
+    params = meta_model(GLM5Config.from_preset(preset), dtype).parameter_counts()["total"]
+    need, have = params * dtype.itemsize, available_memory_bytes()
+    if have is not None and need > have:
+        gib = 1 << 30
+        raise click.BadParameter(
+            f"{preset} has {params / 1e9:.1f} B parameters: {need / gib:.1f} GiB as {str(dtype)[6:]} "
+            f"just to hold them, but {have / gib:.1f} GiB of memory is available here (use a smaller "
+            "preset such as tiny; `glm5 plan` sizes the real deployment)",
+            param_hint=hint,
+        )
+
+
+def check_positions(config: Any, used: int, hint: str, what: str) -> None:
+    """Refuse (BadParameter on `hint`) `used` token positions (`what` they are, for the message) past the
+    model's max_position_embeddings."""
+    limit = config.max_position_embeddings
+    if used > limit:
+        raise click.BadParameter(f"{what}: {used} positions, more than this model's "
+                                 f"max_position_embeddings={limit}", param_hint=hint)

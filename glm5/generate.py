@@ -6,12 +6,22 @@ longest accepted prefix plus one token from the target; acceptance length measur
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import click
 import torch
 
-from glm5.cli_args import MODEL_DEFAULT_BACKEND, backend_choice, check_preset, model_option, one_line_errors
+from backends.errors import NotSupported
+from glm5.cli_args import (
+    MODEL_DEFAULT_BACKEND,
+    backend_choice,
+    check_positions,
+    check_preset,
+    check_preset_fits,
+    model_option,
+    one_line_errors,
+)
 from glm5.model import GLM5ForCausalLM
 
 
@@ -191,8 +201,20 @@ def _prompt_ids(ctx: click.Context, param: click.Parameter, value: str | None) -
     return ids
 
 
+#: the most tokens `--mtp` drafts per round. The drafts chain the one MTP layer on its own output, so their
+#: acceptance falls with each step (serving engines run GLM's and DeepSeek's MTP with 1-4 drafts), while each
+#: draft costs an MTP forward and widens the verify pass: past 8, a round costs more than it can save.
+MAX_DRAFT = 8
+
+
+def _finite_temperature(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not math.isfinite(value):
+        raise click.BadParameter(f"expected a finite number >= 0 (0 = greedy), got {value}")
+    return value
+
+
 @click.command()
-@model_option()
+@model_option(aliases=("--checkpoint",))
 @click.option(
     "--preset", default=None, callback=check_preset,
     help="Random weights from glm5/presets/<name>.yaml instead of --model.",
@@ -203,13 +225,17 @@ def _prompt_ids(ctx: click.Context, param: click.Parameter, value: str | None) -
     "--prompt-len", default=16, show_default=True, type=click.IntRange(min=1),
     help="Random prompt length when --prompt-ids is absent.",
 )
-@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(min=0))
 @click.option(
-    "--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="0 = greedy."
+    "--max-new-tokens", default=32, show_default=True, type=click.IntRange(min=1),
+    help="Tokens to generate (prompt + these must fit the model's max_position_embeddings).",
 )
 @click.option(
-    "--mtp", "num_draft", default=0, show_default=True, type=click.IntRange(min=0),
-    help="Speculative tokens drafted by the MTP layer.",
+    "--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0),
+    callback=_finite_temperature, help="0 = greedy.",
+)
+@click.option(
+    "--mtp", "num_draft", default=0, show_default=True, type=click.IntRange(min=0, max=MAX_DRAFT),
+    help=f"Speculative tokens drafted by the MTP layer per round (at most {MAX_DRAFT}).",
 )
 @click.option(
     "--block-size", default=None, type=click.IntRange(min=1),
@@ -236,6 +262,7 @@ def generate_cmd(
     if (model_path is None) == (preset is None):
         raise click.UsageError("give exactly one of --model or --preset")
     be = backend_choice(backend, default=MODEL_DEFAULT_BACKEND)
+    check_preset_fits(preset, "'--preset'")
     with one_line_errors("'--model'" if model_path is not None else "'--preset'"):
         if model_path is not None:
             model = GLM5ForCausalLM.from_pretrained(model_path, backend=be)
@@ -248,6 +275,11 @@ def generate_cmd(
     if prompt_ids and max(prompt_ids) >= model.config.vocab_size:
         raise click.BadParameter(f"token ids must be < vocab_size={model.config.vocab_size}",
                                  param_hint="'--prompt-ids'")
+    n_prompt = len(prompt_ids) if prompt_ids else prompt_len
+    prompt_hint = "'--prompt-ids'" if prompt_ids else "'--prompt-len'"
+    check_positions(model.config, n_prompt, prompt_hint, "the prompt")
+    check_positions(model.config, n_prompt + max_new_tokens, "'--max-new-tokens'",
+                    f"the prompt ({n_prompt}) + {max_new_tokens} new tokens")
     model.requires_grad_(False)  # inference: lets inference-only backends (onnxruntime) take the weights
     dev = model.backend.device
     if prompt_ids:
@@ -258,11 +290,15 @@ def generate_cmd(
     eos = model.config.eos_token_id
     eos = eos[0] if isinstance(eos, list) else eos
     kw = dict(temperature=temperature, seed=seed, eos_token_id=eos, block_size=block_size)
-    res = (
-        generate_speculative(model, ids, max_new_tokens, num_draft=num_draft, **kw)
-        if num_draft
-        else generate(model, ids, max_new_tokens, **kw)
-    )
+    try:
+        res = (
+            generate_speculative(model, ids, max_new_tokens, num_draft=num_draft, **kw)
+            if num_draft
+            else generate(model, ids, max_new_tokens, **kw)
+        )
+    except NotSupported as exc:  # e.g. an FP8 checkpoint on a backend without the FP8 ops
+        raise click.BadParameter(f"{str(exc).splitlines()[0]}; choose another backend for this checkpoint",
+                                 param_hint="'--backend'") from None
     report = {
         "backend": model.backend.name,
         "prompt": ids[0].tolist(),

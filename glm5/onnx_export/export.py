@@ -11,24 +11,31 @@ model with the functions inlined, for toolchains that do not accept them.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import onnx
-import onnx.inliner
 import torch
 
-from backends.onnxruntime.functions import DOMAIN, OPSET
 from glm5 import fsio
-from glm5.cli_args import check_preset, model_option, one_line_errors
-from glm5.onnx_export.program import trace_prefill
-from glm5.onnx_export.translation import attach_functions, translation_table
+from glm5.cli_args import check_positions, check_preset, check_preset_fits, model_option, one_line_errors
 from glm5.progress import Phases
+
+if TYPE_CHECKING:  # onnx is imported when the command runs, so that its --help works without the extra
+    import onnx
 
 
 def export_prefill(model, batch: int, seq_len: int) -> onnx.ModelProto:
     """ONNX model of `model`'s prefill (no KV cache): input `input_ids` int64 [batch, seq_len] ->
     `logits` [batch, seq_len, V] in the model's dtype."""
+    from backends.onnxruntime.functions import DOMAIN, OPSET
+    from glm5.onnx_export.program import trace_prefill
+    from glm5.onnx_export.translation import attach_functions, translation_table
+
     program = torch.onnx.export(
         trace_prefill(model, batch, seq_len),
         input_names=["input_ids"],
@@ -56,7 +63,25 @@ def run_onnx(proto: onnx.ModelProto, input_ids: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(sess.run(["logits"], {"input_ids": input_ids.numpy()})[0])
 
 
+@contextlib.contextmanager
+def _exporter_warnings(quiet: bool) -> Iterator[None]:
+    """Under --quiet, the exporters' warnings (torch.onnx's registry, onnx_ir's attribute types, torch's
+    FutureWarnings) are silenced; their errors still show."""
+    if not quiet:
+        yield
+        return
+    was = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(was)
+
+
 def _refuse_fp8(path: Path) -> None:
+    from backends.onnxruntime.functions import OPSET
     from glm5.checkpoint import read_config
 
     qc = read_config(path).get("quantization_config") or {}
@@ -105,6 +130,16 @@ def export_onnx(
     preset, model_path, batch, seq_len, dtype, out, overwrite, inline, verify, seed, quiet
 ) -> None:
     """Export the prefill graph (input_ids -> logits) with the glm5 ONNX functions."""
+    try:
+        import onnx
+        import onnx.inliner
+        import onnxscript  # noqa: F401  (the glm5 functions are onnxscript)
+    except ImportError as exc:
+        raise click.UsageError(
+            f"export-onnx: needs {exc.name or exc} (pip install 'glm5-backends[onnx]')"
+        ) from None
+    from backends.onnxruntime.functions import DOMAIN, OPSET
+
     if preset is not None and model_path is not None:
         raise click.UsageError("give at most one of --model or --preset")
     inlined = str(Path(out).with_suffix("")) + ".inlined.onnx"
@@ -116,10 +151,13 @@ def export_onnx(
             raise click.BadParameter(f"{Path(path).parent} is not a directory", param_hint="'--out'")
     if model_path is not None:
         _refuse_fp8(model_path)
-    with Phases("export-onnx", enabled=not quiet) as progress:
+    if model_path is None:
+        check_preset_fits(preset or "tiny", "'--preset'", getattr(torch, dtype))
+    with Phases("export-onnx", enabled=not quiet) as progress, _exporter_warnings(quiet):
         progress.phase(f"loading {model_path or preset or 'tiny'}")
         with one_line_errors("'--model'"):
             model = _load(preset, model_path, getattr(torch, dtype))
+        check_positions(model.config, seq_len, "'--seq-len'", "the prefill")
         progress.phase(f"exporting the prefill graph (batch {batch}, seq-len {seq_len})")
         proto = export_prefill(model, batch, seq_len)
         progress.phase(f"writing {out}")
