@@ -57,6 +57,11 @@ class Machine:
         return str(self.engine["checkpoint_format"])
 
     @property
+    def default_recipe(self) -> str:
+        """The recipe `glm5 plan` plans without --recipe: one this machine's engine serves."""
+        return str(self.engine.get("default_recipe", "glm5-w4a8"))
+
+    @property
     def gpu_memory_utilization(self) -> float:
         return float(self.engine.get("gpu_memory_utilization", 0.9))
 

@@ -168,6 +168,15 @@ def weights_for(config: GLM5Config, recipe: str, fmt: str) -> list[Weight]:
     return _CACHE[key]
 
 
+def recipe_formats(recipe: str) -> set[str]:
+    """The quantized formats a checkpoint of `recipe` holds: 'bf16', 'FP8', 'W8A8', 'W4A8'."""
+    if recipe in (FLOAT_RECIPE, FP8_RECIPE):
+        return {"bf16" if recipe == FLOAT_RECIPE else "FP8"}
+    from quant.recipe import Recipe
+
+    return {r.scheme.name.split("_")[0] for r in Recipe.load(recipe).rules}
+
+
 def _kernel_limits(req: Request, weights: list[Weight], tp: int, dp: int, ep: bool) -> list[str]:
     c, lim, out = req.config, req.machine.limits, []
     if req.machine.devices_per_node % tp:

@@ -14,7 +14,7 @@ import json
 import shlex
 from typing import Any
 
-from glm5.deploy.plan import FLOAT_RECIPE, GIB, Plan, weights_for
+from glm5.deploy.plan import FLOAT_RECIPE, GIB, Plan, Request, recipe_formats, weights_for
 from glm5.vllm import HF_OVERRIDES
 
 DP_RPC_PORT = 13389
@@ -32,11 +32,13 @@ NATIVE_FORMATS: dict[str, dict[str, tuple[bool, str]]] = {
             "vLLM's only int4-weight / int8-activation MoE kernel is for Intel AMX CPUs; on "
             "NVIDIA it serves int4 weights with FP8 activations, not this export",
         ),
+        "FP8": (True, "block FP8 (GLM-5-FP8 as published)"),
     },
     "vllm-ascend": {
         "bf16": (True, "float checkpoint"),
         "W8A8": (True, "msModelSlim W8A8_DYNAMIC (--quantization ascend)"),
         "W4A8": (True, "msModelSlim W4A8_DYNAMIC, int4 experts (--quantization ascend)"),
+        "FP8": (False, "Ascend A2/A3 have no FP8 datapath"),
     },
 }
 #: the backend ops (and grouped_matmul dtype) a plugin-served format needs
@@ -49,6 +51,26 @@ PLUGIN_NEEDS = {
     "W8A8": [("dynamic_quant_int8", "bfloat16"), ("w8a8_matmul", "bfloat16"), ("grouped_matmul", "w8a8")],
     "W4A8": [("dynamic_quant_int8", "bfloat16"), ("w8a8_matmul", "bfloat16"), ("grouped_matmul", "w4a8")],
 }
+
+
+def unservable(req: Request) -> str | None:
+    """Why the machine's own engine cannot serve the request's checkpoint (None: it can, or no facts)."""
+    m = req.machine
+    native = NATIVE_FORMATS.get(m.engine_name, {})
+    for f in sorted(recipe_formats(req.recipe)):
+        ok, why = native.get(f, (None, ""))
+        if ok is False:
+            can = sorted(g for g, (yes, _) in native.items() if yes)
+            return (
+                f"{m.engine_name} on {m.name} cannot serve {req.recipe} ({f}): {why}; it serves "
+                f"{', '.join(can)} (the default here: {m.default_recipe})"
+            )
+    return None
+
+
+def servable(plan: Plan) -> bool:
+    """A serve command is printed only for a plan that fits, in a format the engine serves."""
+    return plan.fits and unservable(plan.request) is None
 
 
 def serve_commands(plan: Plan, model_path: str, served_name: str = "glm-5") -> list[str]:
@@ -205,7 +227,7 @@ def format_support(plan: Plan) -> dict[str, dict[str, dict[str, Any]]]:
 
 def to_json(plan: Plan, model_path: str) -> dict[str, Any]:
     req, lay = plan.request, plan.layout
-    cmds = serve_commands(plan, model_path)
+    cmds = serve_commands(plan, model_path) if servable(plan) else []
     return {
         "fits": plan.fits,
         "model": req.preset,
@@ -229,7 +251,7 @@ def to_json(plan: Plan, model_path: str) -> dict[str, Any]:
         "violations": lay.violations,
         "min_nodes": plan.min_nodes,
         "min_nodes_layout": plan.min_nodes_layout,
-        "serve_command": cmds[0],
+        "serve_command": cmds[0] if cmds else None,
         "serve_commands": cmds,
         "plugin_serve_command": plugin_serve_command(plan, model_path),
         "plugin_weights_per_device": plugin_weights_per_device(plan),
@@ -289,7 +311,7 @@ def to_text(plan: Plan, model_path: str) -> str:
     for n in notes(plan):
         lines.append(f"note: {n}")
     env = m.env(req.recipe)
-    if lay.fits:
+    if servable(plan):
         lines.append("environment:")
         lines += [f"  export {k}={shlex.quote(v)}" for k, v in env.items()]
         lines.append("serve:" if req.nodes == 1 else "serve (one command per node, node 0 first):")

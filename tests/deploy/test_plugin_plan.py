@@ -18,7 +18,7 @@ def _plan(machine: str, recipe: str = "glm5-w4a8", *extra: str):
 
 
 def test_plan_json_has_the_plugin_command_and_formats():
-    r = _plan("h200x8", "glm5-w4a8", "--json")
+    r = _plan("h200x8", "glm5-w8a8", "--json")  # W4A8 is refused there: vLLM cannot serve it
     assert r.exit_code == 0, r.output
     p = json.loads(r.output)
     words = shlex.split(p["plugin_serve_command"])
