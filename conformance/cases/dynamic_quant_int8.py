@@ -1,5 +1,6 @@
 """Conformance cases for `dynamic_quant_int8` (SPEC 2.5): activation rows of GLM-5's hidden size,
-exact round-half-to-even ties, all-zero and tiny rows, extremes of each float type, strided views.
+exact round-half-to-even ties, all-zero and tiny rows, extremes of each float type, NaN and infinite
+rows, strided views.
 
 Semantics: backends/reference/dynamic_quant_int8.py (SPEC 2.5)
 """
@@ -52,6 +53,17 @@ def _extremes(g, dt):
     return {"x": x.to(tdtype(dt))}
 
 
+def _nan_inf_rows(g, dt):
+    # a NaN anywhere in a row makes its scale NaN and its codes 0 (amax propagates NaN; ORT's ReduceMax
+    # and PTX max drop it); an infinite amax gives scale inf and codes 0
+    x = randn(g, 5, 24)
+    x[0, 3] = float("nan")
+    x[1] = float("nan")
+    x[2, 7] = float("inf")
+    x[3, 0] = float("-inf")
+    return {"x": x.to(tdtype(dt))}
+
+
 CASES = [
     _case("smoke/random_m4_k32", lambda g, dt: _x(g, 4, 32, dt), tags={"shape": "M4 K32"}),
     _case(
@@ -67,6 +79,7 @@ CASES = [
     _case("adversarial/round_half_even_ties", _half_ties, tags={"shape": "M6 K64"}),
     _case("adversarial/zero_and_tiny_rows", _zero_tiny),
     _case("adversarial/dtype_extremes", _extremes),
+    _case("adversarial/nan_and_inf_rows", _nan_inf_rows),
     _case("adversarial/constant_rows", lambda g, dt: {"x": torch.full((3, 17), -2.25, dtype=tdtype(dt))}),
     _case("adversarial/k1", lambda g, dt: _x(g, 9, 1, dt)),
     _case(

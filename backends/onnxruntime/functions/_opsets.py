@@ -14,7 +14,7 @@ DOMAIN_VERSION = 1
 glm5 = Opset(DOMAIN, DOMAIN_VERSION)
 
 # TensorProto element types for Cast(to=...): onnxscript reads module-level ints as attribute values
-F32, I8, I32, I64, F64 = 1, 3, 6, 7, 11
+F32, I8, I32, I64, BOOL, F64 = 1, 3, 6, 7, 9, 11
 
 #: a floating input's dtype, carried to outputs "of the dtype of x" (return annotations: exporters read
 #: the number and types of a function's outputs from them)
@@ -23,6 +23,7 @@ TFloat = TypeVar("TFloat", bound=Union[FLOAT, FLOAT16, BFLOAT16])  # noqa: UP007
 TOut = TypeVar("TOut", bound=Union[FLOAT, FLOAT16, BFLOAT16])  # noqa: UP007
 
 __all__ = [
+    "BOOL",
     "DOMAIN",
     "DOMAIN_VERSION",
     "F32",
