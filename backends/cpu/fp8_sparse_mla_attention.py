@@ -13,6 +13,7 @@ import torch
 from backends.caps import OpCaps, OpImpl
 from backends.cpu._cache import flat
 from backends.cpu._fp8 import decode
+from backends.cpu._parallel import run_blocks
 from backends.cpu._workspace import buffer
 from backends.cpu.sparse_mla_attention import query_blocks, softmax_values
 from backends.formats import BLOCK
@@ -65,8 +66,12 @@ def fp8_sparse_mla_attention(
     lse = torch.full((t, h), float("-inf"), dtype=torch.float32)
     step = max(1, GATHER_ELEMS // max(1, n * d_qk))
     qf = q.float() * sm_scale
-    for a, z, rows, valid in query_blocks(layout, indices, kv_cache, step):
+
+    def block(args) -> None:
+        a, z, rows, valid = args
         out[a:z], lse[a:z] = _block(qf[a:z], kv_cache, rows, valid, d_v)
+
+    run_blocks(block, query_blocks(layout, indices, kv_cache, step))  # one intra-op thread per block
     return out.to(q.dtype), (lse if return_lse else None)
 
 

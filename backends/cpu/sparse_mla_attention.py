@@ -1,6 +1,8 @@
 """cpu backend: sparse_mla_attention (SPEC 2.4): per query block, one gather of the named latent rows
 (in the cache's dtype, cast once to fp32) and two batched GEMMs (scores, then probabilities x values),
-softmax in place between them.
+softmax in place between them. Without autograd the query blocks are spread over torch's intra-op thread
+count of Python threads, each block on one intra-op thread (`_parallel.py`: a loaded machine no longer
+makes it 3-6x slower than one thread, and the bits are the one-thread run's at any thread count).
 
 Backward (`backward`, what training runs through the custom op): from the forward's saved out and lse,
 per query block, the probabilities are recomputed from one more gather and GEMM with the saved lse,
@@ -15,6 +17,7 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.cpu._cache import flat, rows_of
+from backends.cpu._parallel import run_blocks
 from backends.cpu._workspace import buffer
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
@@ -115,14 +118,18 @@ def sparse_mla_attention(
     lse = torch.full((t, h), float("-inf"))
     step = max(1, GATHER_ELEMS // max(1, n * d_qk))
     qf = q.float()
-    if not grad:
-        qf = qf * sm_scale
-        ws = _Workspace(min(step, t), n, h, d_qk, kv_cache.dtype)
-    for a, z, rows, valid in query_blocks(layout, indices, kv_cache, step):
-        if grad:  # slice writes of autograd outputs: the graph goes through them
+    if grad:  # slice writes of autograd outputs: the graph goes through them (one thread, in order)
+        for a, z, rows, valid in query_blocks(layout, indices, kv_cache, step):
             out[a:z], lse[a:z] = _block_grad(qf[a:z], kv_cache, rows, valid, sm_scale, d_v)
-        else:
-            out[a:z], lse[a:z] = ws.block(qf[a:z], kv_cache, rows, valid, d_v)
+        return out.to(q.dtype), (lse if return_lse else None)
+    qf = qf * sm_scale
+
+    def block(args) -> None:  # per thread workspace (its buffers are thread-local)
+        a, z, rows, valid = args
+        ws = _Workspace(min(step, t), n, h, d_qk, kv_cache.dtype)
+        out[a:z], lse[a:z] = ws.block(qf[a:z], kv_cache, rows, valid, d_v)
+
+    run_blocks(block, query_blocks(layout, indices, kv_cache, step))
     return out.to(q.dtype), (lse if return_lse else None)
 
 
