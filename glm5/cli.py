@@ -7,6 +7,8 @@ import importlib
 
 import click
 
+from glm5.threads import apply_command_threads
+
 # name -> "module:attribute" of a click command
 SUBCOMMANDS: dict[str, str] = {
     "doctor": "glm5.doctor:doctor",
@@ -68,8 +70,10 @@ class _LazyGroup(click.Group):
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="glm5-backends", prog_name="glm5", message="%(prog)s %(version)s")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """GLM-5 backend layer: conformance, model, training, quantization, deployment planning."""
+    apply_command_threads(ctx.invoked_subcommand)  # e.g. one intra-op thread for conformance
 
 
 if __name__ == "__main__":
