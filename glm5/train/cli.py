@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from glm5.cli_args import MODEL_DEFAULT_BACKEND, backend_choice, check_preset, model_option, one_line_errors
+from glm5.threads import command_threads
 from glm5.train.muon import MODES
 
 _POS = click.IntRange(min=1)
@@ -72,8 +73,8 @@ def _check_resume_options(cfg, out: Path) -> None:
 @click.option("--save-every", default=100, show_default=True, type=_POS)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
-    "--threads", default=1, show_default=True, type=click.IntRange(min=0),
-    help="torch intra-op threads (0: default).",
+    "--threads", default=None, type=click.IntRange(min=0),
+    help="torch intra-op threads (0: every core)  [default: $OMP_NUM_THREADS if set, else 1]",
 )
 @click.option("--group-size", default=8, show_default=True, type=click.IntRange(min=2),
               help="Stage rl: responses per prompt (GRPO group).")
@@ -145,7 +146,7 @@ def train(
             save_every=save_every,
             seed=seed,
             deterministic=deterministic,
-            threads=threads or None,
+            threads=command_threads("train", threads),
             init=None if model_path is None else str(model_path),
             group_size=group_size,
             prompt_len=prompt_len,
