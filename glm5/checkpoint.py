@@ -171,6 +171,12 @@ def check_dir(path: str | Path) -> Path:
     return path
 
 
+def read_json(root: Path, name: str) -> Any:
+    """The JSON file `root/name` (a regular file inside `root`), parsed; BadCheckpointFile naming it when
+    it is not valid JSON."""
+    return _read_json(fsio.inside(root, name, name))
+
+
 def _read_json(f: Path) -> Any:
     try:
         return json.loads(f.read_text(encoding="utf-8"))

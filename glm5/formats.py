@@ -19,6 +19,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from glm5 import fsio
+
 ENTRY_POINT_GROUP = "glm5.checkpoint_formats"
 
 
@@ -39,8 +41,8 @@ def claiming(path: str | Path) -> Any | None:
 
 def looks_quantized(path: str | Path) -> bool:
     """config.json declares a quantization_config (what every quantized Hugging Face export carries)."""
-    cfg = Path(path) / "config.json"
-    try:
+    try:  # only a config.json inside `path` (a symlink out of it is not read)
+        cfg = fsio.inside(Path(path), "config.json", "config.json")
         return "quantization_config" in json.loads(cfg.read_text())
     except (OSError, ValueError):
         return False

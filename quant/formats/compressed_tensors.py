@@ -11,7 +11,6 @@ with raw 0 (compressed_tensors pack_to_int32). Scales are written fp32 so a relo
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import torch
 from torch import nn
 
 from backends.formats import pack_int4, unpack_int4
-from glm5.checkpoint import config_json
+from glm5.checkpoint import config_json, read_config
 from quant.apply import quantizable
 from quant.formats.common import Scope, TensorReader, float_tensors, quantized_modules, write_checkpoint
 from quant.recipe import W4A8, W8A8, Scheme
@@ -130,7 +129,7 @@ def _matches(name: str, target: str) -> bool:
 
 
 def read_plan(path: Path, model: nn.Module) -> dict[str, Scheme]:
-    qc = json.loads((Path(path) / "config.json").read_text()).get("quantization_config") or {}
+    qc = read_config(Path(path)).get("quantization_config") or {}
     if qc.get("quant_method") != "compressed-tensors":
         raise ValueError("quantization_config.quant_method: expected 'compressed-tensors', "
                          f"got {qc.get('quant_method')!r}")

@@ -14,7 +14,6 @@ is refused here with that reason rather than written in the legacy two-level v0 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import torch
 from torch import nn
 
 from backends.formats import pack_int4, unpack_int4
-from glm5.checkpoint import config_json
+from glm5.checkpoint import config_json, read_json
 from quant.apply import tensor_schemes
 from quant.formats.common import Scope, TensorReader, float_tensors, quantized_modules, write_checkpoint
 from quant.recipe import FLOAT, W4A8, W8A8, Scheme
@@ -100,7 +99,9 @@ def export(model: nn.Module, path: Path) -> None:
 
 
 def read_plan(path: Path, model: nn.Module) -> dict[str, Scheme]:
-    desc = json.loads((Path(path) / DESCRIPTION).read_text())
+    desc = read_json(Path(path), DESCRIPTION)
+    if not isinstance(desc, dict):
+        raise ValueError(f"{DESCRIPTION}: expected a JSON object, got {type(desc).__name__}")
     if str(desc.get("version", "1.0.0")) != "1.0.0":
         raise ValueError(f"{DESCRIPTION}: version expected '1.0.0' (ascendv1), got {desc.get('version')!r}")
     if int(desc.get("group_size", 0) or 0):
