@@ -1,7 +1,7 @@
 """triton-ascend kernels for the Ascend backend (and CPU tensors under TRITON_INTERPRET=1, triton-ascend's
 interpreter). No model or backend imports.
 
-Written to Ascend's rules (shared/reference/ascend.md section 4): the grid is the physical core count
+Written to Ascend's rules (the triton-ascend programming guide): the grid is the physical core count
 (vector cores for pure-vector kernels, AI cores for kernels using tl.dot) and every program loops
 over its share of the work; 1-D grids only; tiles sized well inside the 192 KB unified buffer (half of
 it with the default multi-buffering); no tl.sort (not on int32/int64 on the NPU, and absent from the

@@ -5,7 +5,7 @@ collecting per-channel activation statistics; smooth (SmoothQuant for W8A8 subgr
 search for int4 experts); collect GPTQ Hessians from the smoothed layer if the recipe asks for GPTQ;
 quantize and swap the layer's modules; run the quantized layer to make the next layer's inputs.
 
-Subgraphs (shared/reference/quant.md 0, 1.5, 4.3), names relative to `model.layers.{i}`:
+Subgraphs (as msModelSlim's GLM-5 recipe smooths them), names relative to `model.layers.{i}`:
   norm-linear  input_layernorm -> self_attn.{q_a_proj, kv_a_proj_with_mqa, indexer.wk, indexer.weights_proj}
   norm-linear  self_attn.q_a_layernorm -> self_attn.{q_b_proj, indexer.wq_b}
   ov           self_attn.kv_b_proj (value half) -> self_attn.o_proj

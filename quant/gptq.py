@@ -1,4 +1,4 @@
-"""GPTQ (Frantar et al. 2022), the minimal form of shared/reference/quant.md 4.2.
+"""GPTQ (Frantar et al. 2022), in its minimal form.
 
 Columns are quantized in order; each column's rounding error is spread over the not-yet-quantized
 columns through the upper Cholesky factor of H^-1, so the layer output X W^T (not W itself) stays

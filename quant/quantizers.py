@@ -1,6 +1,6 @@
 """Symmetric weight quantizers: int8 per channel, int4 per channel or per group (K-axis groups).
 
-Two scale conventions exist in the wild (docs/quantization.md, shared/reference/quant.md 1.2):
+Two scale conventions exist in the wild (docs/quantization.md):
   "qmax"       scale = absmax / (2^(b-1) - 1)    /127, /7    msModelSlim, vLLM runtime, QQQ
   "half_range" scale = absmax / ((qmax-qmin)/2)  /127.5, /7.5 compressed-tensors, torchao
 Either way q = clamp(round_half_even(w / scale), -2^(b-1), 2^(b-1) - 1): -128 / -8 are legal

@@ -1,5 +1,5 @@
 """The documented operator limits of each Ascend chip family and of the fused operators
-(shared/reference/ascend.md sections 1.2 - 2.4). A leaf module: the provider, the adapters and the
+(the CANN / torch_npu operator documentation). A leaf module: the provider, the adapters and the
 operator emulations all read it, and it imports none of them.
 """
 
@@ -12,7 +12,7 @@ _POW2_128 = (1, 2, 4, 8, 16, 32, 64, 128)
 
 @dataclass(frozen=True)
 class SocLimits:
-    """Documented operator limits of one chip family (shared/reference/ascend.md sections 1.2, 1.4)."""
+    """Documented operator limits of one chip family (the CANN operator documentation)."""
 
     name: str
     indexer_heads: tuple[int, ...]  # npu_lightning_indexer N1

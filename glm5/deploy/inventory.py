@@ -2,7 +2,7 @@
 own parameters (built on the meta device) and the recipe's scheme per weight, in the checkpoint format the
 engine reads, with the way vLLM shards it across ranks.
 
-Stored tensors per linear weight [N, K] (quant/formats/*.py, shared/reference/quant.md 1.2, 1.4, 2.1):
+Stored tensors per linear weight [N, K] (quant/formats/*.py, as each format specifies them):
   hf (float):               weight [N, K] at the model's dtype
   modelslim W8A8_DYNAMIC:   weight int8 [N, K], weight_scale fp32 [N, 1], weight_offset fp32 [N, 1]
   modelslim W4A8_DYNAMIC:   weight int8 [N/2, K] (int4 pairs along N), weight_scale, weight_offset [N, 1],

@@ -1,6 +1,6 @@
 """Per-device memory that is not weights: the latent KV cache, the indexer key cache, and the workspace.
 
-Cache bytes per token and layer (shared/reference/dsa_semantics.md sections 1, 5, 10):
+Cache bytes per token and layer (the cache layouts of FlashMLA and vllm-ascend):
   latent KV  bf16: (kv_lora_rank + qk_rope_head_dim) x 2 = 1152      (576-d row [c_kv ; k_pe])
              fp8:  kv_lora_rank + 4 x kv_lora_rank / 128 + 2 x qk_rope_head_dim = 656
                    (FlashMLA fp8_ds_mla: 512 fp8 + 4 fp32 tile scales + 64 bf16 rope; vllm-ascend's int8 C8

@@ -1,7 +1,7 @@
 """The vLLM / vllm-ascend serve command and environment for a plan, and the plan as JSON or text.
 
 The engine arguments and environment come from the machine profile (for Atlas A3 / A2 the vllm-ascend GLM-5
-guide, shared/reference/ascend.md section 3). With more than one node, every node runs its data-parallel
+deployment guide). With more than one node, every node runs its data-parallel
 ranks locally: node 0 serves the API, the others join headless (vLLM multi-node data parallelism).
 
 Beside the engine's own GLM-5 (`GlmMoeDsaForCausalLM`), the plan prints the command for this project's vLLM
@@ -22,7 +22,7 @@ DP_RPC_PORT = 13389
 #: GLM5_BACKEND of the plugin per machine vendor
 PLUGIN_BACKEND = {"nvidia": "cuda", "ascend": "ascend", "cpu": "cpu"}
 FORMATS = ("bf16", "W8A8", "W4A8")
-#: what each engine's own GLM-5 serves (shared/reference/quant.md; issue 15's findings)
+#: what each engine's own GLM-5 serves (the engines' quantization support; issue 15's findings)
 NATIVE_FORMATS: dict[str, dict[str, tuple[bool, str]]] = {
     "vllm": {
         "bf16": (True, "float checkpoint"),

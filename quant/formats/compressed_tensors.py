@@ -1,4 +1,4 @@
-"""compressed-tensors checkpoints (what vLLM loads on CUDA; shared/reference/quant.md 1.2, 2.8).
+"""compressed-tensors checkpoints (what vLLM loads on CUDA).
 
 config.json carries `quantization_config` (quant_method "compressed-tensors"): one config group per scheme
 with regex targets over module names, an `ignore` list, per-group `format`. Tensors per linear:

@@ -1,4 +1,4 @@
-"""GLM-5-FP8 / DeepSeek-V3 FP8 checkpoints (shared/reference/quant.md section 5): read, write, dequantize.
+"""GLM-5-FP8 / DeepSeek-V3 FP8 checkpoints (e4m3, fp32 scales per 128x128 block): read, write, dequantize.
 
 config.json `quantization_config`: {quant_method: fp8, fmt: e4m3, activation_scheme: dynamic,
 weight_block_size: [128, 128]} (+ `scale_fmt: ue8m0` in V3.1+/V3.2-style checkpoints). Every quantized

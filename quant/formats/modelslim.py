@@ -1,5 +1,4 @@
-"""msModelSlim "ascendv1" checkpoints (what vllm-ascend loads with `--quantization ascend`;
-shared/reference/quant.md 1.4, 2.1).
+"""msModelSlim "ascendv1" checkpoints (what vllm-ascend loads with `--quantization ascend`).
 
 quant_model_description.json maps every tensor to W8A8_DYNAMIC / W4A8_DYNAMIC / FLOAT, plus "version"
 "1.0.0", "model_quant_type", "group_size" (0: per channel) and "optional". Tensors per linear [N, K]:

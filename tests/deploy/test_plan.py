@@ -1,4 +1,4 @@
-"""The planner on the published GLM-5 configurations (shared/reference/ascend.md section 3), its kernel
+"""The planner on the published GLM-5 configurations (the vllm-ascend deployment guide's), its kernel
 limits, machine profiles as files, and the `glm5 plan` command."""
 
 from __future__ import annotations

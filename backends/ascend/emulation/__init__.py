@@ -1,5 +1,5 @@
 """CPU EMULATIONS of torch_npu fused operators, written from each operator's documentation
-(torch_npu 2.14 schemas and op-plugin docs, summarised in shared/reference/ascend.md).
+(torch_npu 2.14 schemas and op-plugin docs).
 
 These are not torch_npu and not an NPU. They exist so the Ascend backend's adapters (layout packing,
 index conventions, head padding, lse conversion, weight repacking) can be exercised on a CPU machine

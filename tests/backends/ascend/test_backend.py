@@ -42,7 +42,7 @@ def test_routes_and_kernel_calls_are_recorded(backend):
 
 
 def test_torch_npu_that_fails_to_import_is_reported_with_its_error(monkeypatch):
-    # what a CPU machine with torch_npu but no CANN gives (shared/reference/ascend.md 5.3)
+    # what a CPU machine with torch_npu but no CANN gives
     def broken(name, *a, **k):
         if name == "torch_npu":
             raise ImportError("libhccl.so: cannot open shared object file: No such file or directory")
