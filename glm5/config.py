@@ -180,7 +180,11 @@ class GLM5Config:
 
     @classmethod
     def from_json(cls, path: str | Path) -> GLM5Config:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """From a config.json; a bad field is one ValueError line naming the file."""
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except ValueError as exc:
+            raise ValueError(f"{path}: {(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> GLM5Config:

@@ -286,3 +286,13 @@ def test_a_tensor_of_a_dtype_a_float_checkpoint_does_not_hold_is_refused(sources
         FLOAT_LOADERS[loader](path)
     msg = _one_line(e.value)
     assert name in msg and SINGLE in msg and f"got {str(dtype).removeprefix('torch.')}" in msg
+
+
+def test_config_from_json_names_the_file(sources, tmp_path):
+    cfg = json.loads((sources / "float" / "config.json").read_text())
+    cfg["hidden_size"] = 64.0
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as e:
+        GLM5Config.from_json(f)
+    assert str(f) in _one_line(e.value) and "hidden_size: expected int, got 64.0" in str(e.value)
