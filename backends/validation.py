@@ -8,9 +8,15 @@ Validation comes in tiers, so the hot path never reads the device back to the ho
   layouts are value-checked once per `SeqLayout` object (`SeqLayout.check`), whatever the mode.
 `Backend` calls them before dispatching, so a backend's own code may assume well-formed inputs and
 only has to decline (`NotSupported`) what it cannot serve.
+- `UNCHECKED[op]`: when the value checks do not run, the front door maps out-of-range values to one
+  defined result on device (a clamp, a running max, a mask; no host reads), so every backend returns the
+  same thing for them instead of reading out of bounds (SPEC 10).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -69,14 +75,25 @@ def values_indexer_topk(q, k_cache, weights, layout, topk) -> None:
     layout.check(q.shape[0], k_cache, "k_cache")
 
 
+#: a top-k wider than its candidates only adds -1 / -inf padding (SPEC 9); past this width it is refused
+#: before anything is allocated (GLM-5's indexer asks for 2048, the cuda kernels serve up to 8192)
+MAX_PADDED_TOPK = 1 << 16
+
+
+def _check_topk_width(name: str, k: object, candidates: int, what: str) -> None:
+    check_int(name, k, min_value=1)
+    if k > max(candidates, MAX_PADDED_TOPK):
+        fail(name, f"an int in [1, max({candidates}, {MAX_PADDED_TOPK})] (wider than {what} only pads)", k)
+
+
 def check_indexer_topk(q, k_cache, weights, layout, topk) -> None:
     check_indexer_logits(q, k_cache, weights, layout)
-    check_int("topk", topk, min_value=1)
+    _check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
 
 
 def check_topk(x, k, lengths) -> None:
     check_tensor("x", x, dtype=FLOAT_DTYPES, ndim=2)
-    check_int("k", k, min_value=1)
+    _check_topk_width("k", k, x.shape[1], "the columns of x")
     if lengths is not None:
         check_tensor("lengths", lengths, dtype=(torch.int32, torch.int64), shape=(x.shape[0],))
         check_same_device(x=x, lengths=lengths)
@@ -236,3 +253,56 @@ def values_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
                 f"values in [0, V={v}) or ignore_index={ignore_index}",
                 f"range [{int(counted.min())}, {int(counted.max())}]",
             )
+
+
+# -- without value checks (SPEC 10): one defined result for out-of-range values, on device --------------
+# Each takes the validated arguments and returns them with out-of-range values mapped, plus a function
+# applied to the op's result (or None). Under GLM5_VALIDATE=values the value checks raise instead.
+
+Finish = Callable[[Any], Any] | None
+
+
+def unchecked_topk(args: dict[str, Any]) -> tuple[dict[str, Any], Finish]:
+    """lengths clamped to [0, C]: a negative length has no candidates, one past C has all of them."""
+    lengths = args["lengths"]
+    if lengths is None:
+        return args, None
+    return {**args, "lengths": lengths.clamp(0, args["x"].shape[1])}, None
+
+
+def _defined_offsets(offsets: torch.Tensor, m: int) -> torch.Tensor:
+    """Clamped to [0, M], made non-decreasing by a running maximum, first set to 0 and last to M."""
+    out = offsets.clamp(0, m).cummax(0).values
+    out[0] = 0
+    out[-1] = m
+    return out
+
+
+def _unchecked_offsets(rows_arg: str) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]:
+    def unchecked(args: dict[str, Any]) -> tuple[dict[str, Any], Finish]:
+        m = args[rows_arg].shape[0]
+        return {**args, "group_offsets": _defined_offsets(args["group_offsets"], m)}, None
+
+    return unchecked
+
+
+def unchecked_linear_cross_entropy(args: dict[str, Any]) -> tuple[dict[str, Any], Finish]:
+    """A target outside [0, V) that is not ignore_index makes the loss NaN (with zero gradients); the
+    backend sees it as ignore_index, so no backend reads past the vocabulary."""
+    targets, ignore = args["targets"], args["ignore_index"]
+    bad = (targets != ignore) & ((targets < 0) | (targets >= args["weight"].shape[0]))
+    any_bad = bad.any()
+
+    def finish(loss: torch.Tensor) -> torch.Tensor:
+        return torch.where(any_bad, torch.full_like(loss, float("nan")), loss)
+
+    return {**args, "targets": targets.masked_fill(bad, ignore)}, finish
+
+
+#: op -> the mapping the front door applies when value checks do not run
+UNCHECKED: dict[str, Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]] = {
+    "topk": unchecked_topk,
+    "grouped_matmul": _unchecked_offsets("x"),
+    "fp8_grouped_matmul": _unchecked_offsets("x_q"),
+    "linear_cross_entropy": unchecked_linear_cross_entropy,
+}

@@ -159,6 +159,11 @@ CASES = [
         error=(ValueError, r"^k: expected an int >= 1"),
     ),
     _case(
+        "errors/k_past_padding_limit",  # only -1 / -inf padding past C: refused before allocating
+        lambda g, dt: {"x": _x(g, 2, 8, dt), "k": 2**40},
+        error=(ValueError, r"^k: expected an int in \[1, max\(8, 65536\)\]"),
+    ),
+    _case(
         "errors/k_float",
         lambda g, dt: {"x": _x(g, 2, 8, dt), "k": 2.0},
         error=(ValueError, r"^k: expected an int"),
