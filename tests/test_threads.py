@@ -83,17 +83,24 @@ def test_one_thread_restores_the_callers_count_also_after_an_error(two_threads):
     assert torch.get_num_threads() == 2
 
 
-def test_run_blocks_runs_every_block_once_on_one_intra_op_thread(two_threads):
-    seen, lock = [], threading.Lock()
+@pytest.mark.parametrize("mode", [torch.enable_grad, torch.no_grad, torch.inference_mode])
+def test_run_blocks_spreads_blocks_over_threads_on_one_intra_op_thread_in_the_callers_mode(two_threads, mode):
+    seen, lock, both = [], threading.Lock(), threading.Barrier(2, timeout=30)
 
     def fn(b):
+        if b < 2:  # each of the first two blocks waits for the other: two threads hold one each
+            both.wait()
         torch.ones(1 << 16).exp_()  # a real kernel call in every thread
         with lock:
-            seen.append((b, torch.get_num_threads(), threading.current_thread().name))
+            modes = torch.get_num_threads(), torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+            seen.append((b, threading.current_thread().name, modes))
 
-    _parallel.run_blocks(fn, iter(range(40)))
+    with mode():
+        want = 1, torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+        _parallel.run_blocks(fn, iter(range(40)))
     assert sorted(b for b, _, _ in seen) == list(range(40))
-    assert {n for _, n, _ in seen} == {1}
+    assert len({name for _, name, _ in seen}) == 2
+    assert {m for _, _, m in seen} == {want}
     assert torch.get_num_threads() == 2
 
 
@@ -133,3 +140,33 @@ def test_cpu_attention_blocks_run_one_thread_and_match_the_one_thread_bits(two_t
     assert len(seen) == 5 and set(seen) == {1}  # before: every block on the caller's 2 threads
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert torch.get_num_threads() == 2
+
+
+def _cpu_attention_grads(q, kv, idx, layout):
+    import backends
+
+    q, kv = q.clone().requires_grad_(), kv.clone().requires_grad_()
+    out, lse = backends.get("cpu").sparse_mla_attention(q, kv, idx, layout, 0.1, 64)
+    (out.square().sum() + lse.nan_to_num(0, 0, 0).sum()).backward()
+    return out.detach(), q.grad, kv.grad
+
+
+def test_cpu_attention_through_autograd_on_two_threads_matches_one_thread(two_threads, monkeypatch):
+    # the custom op's forward runs without autograd: its blocks on other threads must too (grad mode is
+    # thread-local; recorded there, `index_select(out=)` raised on inputs that require grad)
+    args = _attention_inputs()
+    monkeypatch.setattr(cpu_attn, "GATHER_ELEMS", 3 * 70 * 72)
+    got = _cpu_attention_grads(*args)
+    with _parallel.one_thread():
+        want = _cpu_attention_grads(*args)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_cpu_attention_in_inference_mode_on_two_threads(two_threads, monkeypatch):
+    q, kv, idx, layout = _attention_inputs()
+    monkeypatch.setattr(cpu_attn, "GATHER_ELEMS", 3 * 70 * 72)
+    with torch.inference_mode():
+        got = cpu_attn.sparse_mla_attention(q, kv, idx, layout, 0.1, 64)
+    with _parallel.one_thread():
+        want = cpu_attn.sparse_mla_attention(q, kv, idx, layout, 0.1, 64)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

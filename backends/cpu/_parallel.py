@@ -51,10 +51,18 @@ def _executor(workers: int) -> ThreadPoolExecutor:
     return _pool
 
 
-def _drain(blocks: Iterator[T], fn: Callable[[T], object], lock: threading.Lock, errors: list) -> None:
-    """Take blocks off the shared iterator until it ends or a block failed."""
+def _drain(blocks: Iterator[T], fn: Callable[[T], object], lock: threading.Lock, errors: list, modes) -> None:
+    """Take blocks off the shared iterator until it ends or a block failed, in the caller's grad and
+    inference modes (both thread-local: a custom op's forward runs without autograd, and a block may write
+    into inference tensors)."""
     if torch.get_num_threads() != 1:  # a pool thread keeps this for good
         torch.set_num_threads(1)
+    grad, inference = modes
+    with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+        _take(blocks, fn, lock, errors)
+
+
+def _take(blocks: Iterator[T], fn: Callable[[T], object], lock: threading.Lock, errors: list) -> None:
     while True:
         try:
             with lock:
@@ -83,8 +91,9 @@ def run_blocks(fn: Callable[[T], object], blocks: Iterable[T], threads: int | No
         try:
             it, lock, errors = iter(blocks), threading.Lock(), []
             pool = _executor(n - 1)
-            futures = [pool.submit(_drain, it, fn, lock, errors) for _ in range(n - 1)]
-            _drain(it, fn, lock, errors)
+            modes = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+            futures = [pool.submit(_drain, it, fn, lock, errors, modes) for _ in range(n - 1)]
+            _take(it, fn, lock, errors)
             for f in futures:
                 f.result()
         finally:
