@@ -9,7 +9,8 @@ k_cache e4m3 ragged [rows, D_I] or paged [nb, bs, D_I]; k_scale fp32 with the ca
 
 The reference evaluates the real-number formula in fp64 (e4m3 products and their 128-term sums are
 exact there) and rounds once to fp32. ReLU acts on the raw fp8 dot product, before the (possibly
-negative) head weights; since k_scale > 0 this equals DeepGEMM's relu(q . (k * k_scale)) * w form.
+negative) head weights. The key scale multiplies the head sum, as DeepSeek's `fp8_index` and DeepGEMM's
+SM90 kernel do; since k_scale > 0 this equals the relu(q . (k * k_scale)) * w form of DeepGEMM's test.
 `quantize_indexer_inputs` is how a model produces these inputs from bf16 q, k and head weights.
 """
 

@@ -1,5 +1,5 @@
-"""Rows of FlashMLA's V3.2 FP8 latent cache (SPEC 7.6; FlashMLA `tests/quant.py::quantize_k_cache`,
-vLLM `concat_and_cache_mla` with kv_cache_dtype "fp8_ds_mla").
+"""Rows of FlashMLA's V3.2 FP8 latent cache (SPEC 7.6; FlashMLA `tests/quant.py::quantize_k_cache`; the
+layout of vLLM's kv_cache_dtype "fp8_ds_mla", whose writer chooses other scales, see below).
 
 kv float [N, 576] (the 512-wide latent c_kv, then the 64 RoPE values k_pe) -> uint8 [N, 656]:
     bytes   0..511: latent[j] as e4m3, e4m3(clamp(latent[j] / scale[j // 128], -448, 448)) RNE
@@ -8,6 +8,8 @@ kv float [N, 576] (the 512-wide latent c_kv, then the 64 RoPE values k_pe) -> ui
                     reader's bf16 rounding of the scale is exact)
     bytes 528..655: k_pe as bf16 (not quantized)
 Writing into a cache is indexing: `write_rows(cache, slots, rows)` (slots = physical rows).
+vLLM's `concat_and_cache_ds_mla` writes this layout with other scales, max(amax_i / 448, FLT_MIN) (no
+power of two, no 1e-4 floor), so its bytes differ from these; reading agrees (SPEC 7.7, 7.8).
 """
 
 from __future__ import annotations
