@@ -118,16 +118,21 @@ def fill_model(model: nn.Module, reader: TensorReader,
         q, scale, bias = decode(name, scheme, reader)
         if e is None:
             want = (mod.out_features, mod.in_features)
-            if tuple(q.shape) != want:
-                raise ValueError(f"checkpoint: {name} expected weight shape {list(want)}, "
-                                 f"got {list(q.shape)}")
-            mod.set_int(q, scale, bias)
+            want_scale = tuple(mod.weight_scale.reshape(mod.out_features, -1).shape)
         else:
             proj = name.rsplit(".", 1)[1]
-            want = tuple(mod.int_weight(e, proj)[0].shape)
-            if tuple(q.shape) != want:
-                raise ValueError(f"checkpoint: {name} expected weight shape {list(want)}, "
-                                 f"got {list(q.shape)}")
+            want, want_scale = (tuple(t.shape) for t in mod.int_weight(e, proj))
+        # a copy would broadcast a [1, 1] scale or a [1] bias over the whole weight: refuse by name
+        checks = [("weight", q, want), ("weight_scale", scale, want_scale)]
+        if bias is not None:
+            checks.append(("bias", bias, (mod.out_features,)))
+        for what, t, shape in checks:
+            if tuple(t.shape) != shape:
+                raise ValueError(f"checkpoint: {name} expected {what} shape {list(shape)}, "
+                                 f"got {list(t.shape)}")
+        if e is None:
+            mod.set_int(q, scale, bias)
+        else:
             mod.set_int(e, proj, q, scale)
     left = [n for n in reader.unused() if not ignore(n)]
     if left:

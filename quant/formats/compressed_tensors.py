@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from backends.formats import pack_int4, unpack_int4
-from glm5.checkpoint import config_json, read_config
+from glm5.checkpoint import FLOAT_DTYPES, config_json, read_config
 from quant.apply import quantizable
 from quant.formats.common import Scope, TensorReader, float_tensors, quantized_modules, write_checkpoint
 from quant.recipe import W4A8, W8A8, Scheme
@@ -158,6 +158,9 @@ def decode(name: str, scheme: Scheme, reader: TensorReader) -> tuple[torch.Tenso
         q = reader.get(f"{name}.weight")
         if q.dtype != torch.int8:
             raise ValueError(f"checkpoint: {name}.weight expected int8, got {q.dtype}")
-    scale = reader.get(f"{name}.weight_scale").float()
-    bias = reader.get(f"{name}.bias") if f"{name}.bias" in reader else None
-    return q, scale.reshape(q.shape[0], -1), bias
+    scale = reader.get(f"{name}.weight_scale", FLOAT_DTYPES).float()
+    if scale.dim() != 2 or scale.shape[0] != q.shape[0]:
+        raise ValueError(f"checkpoint: {name}.weight_scale expected shape [{q.shape[0]}, groups], "
+                         f"got {list(scale.shape)}")
+    bias = reader.get(f"{name}.bias", FLOAT_DTYPES) if f"{name}.bias" in reader else None
+    return q, scale, bias

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from backends.formats import pack_int4, unpack_int4
-from glm5.checkpoint import config_json, read_json
+from glm5.checkpoint import FLOAT_DTYPES, config_json, read_json
 from quant.apply import tensor_schemes
 from quant.formats.common import Scope, TensorReader, float_tensors, quantized_modules, write_checkpoint
 from quant.recipe import FLOAT, W4A8, W8A8, Scheme
@@ -126,7 +126,11 @@ def decode(name: str, scheme: Scheme, reader: TensorReader) -> tuple[torch.Tenso
     if w.dtype != torch.int8:
         raise ValueError(f"checkpoint: {name}.weight expected int8, got {w.dtype}")
     q = unpack_int4_rows(w) if scheme.name == W4A8 else w
-    scale = reader.get(f"{name}.weight_scale").float().reshape(q.shape[0], 1)
+    scale = reader.get(f"{name}.weight_scale", FLOAT_DTYPES).float()
+    if scale.numel() != q.shape[0] or scale.dim() > 2:
+        raise ValueError(f"checkpoint: {name}.weight_scale expected shape [{q.shape[0]}, 1], "
+                         f"got {list(scale.shape)}")
+    scale = scale.reshape(q.shape[0], 1)
     off = reader.get(f"{name}.weight_offset")
     if bool(off.ne(0).any()):
         raise ValueError(f"checkpoint: {name}.weight_offset is nonzero; only symmetric weights are supported")
@@ -138,5 +142,5 @@ def decode(name: str, scheme: Scheme, reader: TensorReader) -> tuple[torch.Tenso
             raise ValueError(f"checkpoint: {name}.scale_bias does not match 8 * sum_k W * weight_scale "
                              "of the unpacked weight (packing order or axis differs from msModelSlim "
                              "ascendv1)")
-    bias = reader.get(f"{name}.bias") if f"{name}.bias" in reader else None
+    bias = reader.get(f"{name}.bias", FLOAT_DTYPES) if f"{name}.bias" in reader else None
     return q, scale, bias

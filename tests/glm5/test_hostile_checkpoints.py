@@ -296,3 +296,13 @@ def test_config_from_json_names_the_file(sources, tmp_path):
     with pytest.raises(ValueError) as e:
         GLM5Config.from_json(f)
     assert str(f) in _one_line(e.value) and "hidden_size: expected int, got 64.0" in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["quant", "modelslim"])
+def test_a_quantized_scale_of_the_wrong_shape_is_refused_by_name(sources, tmp_path, kind):
+    path = _copy(sources, kind, tmp_path)
+    name = "model.layers.0.self_attn.q_a_proj.weight_scale"
+    _edit(path, lambda t: t.__setitem__(name, torch.ones(1, 1)))
+    with pytest.raises(ValueError) as e:
+        load_quantized(path, backend="reference")
+    assert name in _one_line(e.value)
