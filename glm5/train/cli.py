@@ -4,16 +4,63 @@ rl) on its own rollouts with the IcePop objective."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
 import click
 
-from glm5.cli_args import MODEL_DEFAULT_BACKEND, backend_choice, check_preset, model_option, one_line_errors
+from glm5 import fsio
+from glm5.cli_args import (
+    MODEL_DEFAULT_BACKEND,
+    backend_choice,
+    check_preset,
+    check_preset_fits,
+    model_option,
+    one_line_errors,
+    one_writer,
+)
 from glm5.threads import command_threads
 from glm5.train.muon import MODES
 
 _POS = click.IntRange(min=1)
+
+
+class _FiniteFloat(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (a range check lets nan through)."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"expected a finite number, got {value!r}", param, ctx)
+        return rv
+
+
+_POS_FLOAT = _FiniteFloat(min=0, min_open=True)
+
+
+def _run_dir(out: str, resume: bool) -> Path:
+    """--out as a directory that exists: refused if empty, not a directory, not writable, or (a new run)
+    holding files that are not a training run's."""
+    from glm5.train.loop import foreign_entries
+
+    if not out.strip():
+        raise click.BadParameter("expected a directory path, got an empty string", param_hint="'--out'")
+    path = Path(out)
+    try:
+        if not resume:
+            foreign = foreign_entries(path)
+            if foreign:
+                raise click.BadParameter(
+                    f"{path} holds files that are not a training run's ({', '.join(foreign[:3])}"
+                    f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory",
+                    param_hint="'--out'")
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise click.BadParameter(f"{path} exists and is not a directory", param_hint="'--out'") from None
+    except OSError as exc:
+        raise click.BadParameter(fsio.describe(exc), param_hint="'--out'") from None
+    return path
 
 
 def _check_resume_options(cfg, out: Path) -> None:
@@ -62,7 +109,7 @@ def _check_resume_options(cfg, out: Path) -> None:
 @click.option("--batch-size", default=8, show_default=True, type=_POS,
               help="Windows per step (stage rl: prompts per step).")
 @click.option("--seq-len", default=128, show_default=True, type=click.IntRange(min=2))
-@click.option("--lr", default=3e-3, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--lr", default=3e-3, show_default=True, type=_POS_FLOAT)
 @click.option("--warmup-steps", default=20, show_default=True, type=click.IntRange(min=0),
               help="Linear LR warm-up steps.")
 @click.option(
@@ -85,7 +132,7 @@ def _check_resume_options(cfg, out: Path) -> None:
               help="Stage rl: passes over each step's rollouts.")
 @click.option("--minibatches", default=1, show_default=True, type=_POS,
               help="Stage rl: optimizer steps per pass (must divide batch-size * group-size).")
-@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+@click.option("--temperature", default=1.0, show_default=True, type=_POS_FLOAT,
               help="Stage rl: sampling temperature (the log-probs are taken at it too).")
 @click.option("--rollout-check/--no-rollout-check", default=True, show_default=True)
 @click.option(
@@ -125,11 +172,12 @@ def train(
 ) -> None:
     """Train GLM-5 with Muon Split, MTP and the DSA stages, or RL with IcePop (--stage rl); metrics.jsonl,
     loss.png, checkpoints in OUT."""
-    from glm5.train.loop import NothingToResume, RunExists, TrainConfig, Trainer
+    from glm5.train.loop import Diverged, NothingToResume, RunExists, StepsDone, TrainConfig, Trainer
     from glm5.train.plots import plot_metrics
 
     backend = backend or os.environ.get("GLM5_BACKEND") or MODEL_DEFAULT_BACKEND
     backend_choice(backend)
+    check_preset_fits(None if model_path is not None or resume else preset, "'--config'")
     with one_line_errors():
         cfg = TrainConfig(  # a ValueError names the option (e.g. minibatches not dividing the rollouts)
             preset=preset,
@@ -156,32 +204,41 @@ def train(
             temperature=temperature,
             rollout_precision=rollout_precision,
         )
-    if resume:
-        _check_resume_options(cfg, Path(out))
-    try:
-        trainer = Trainer(cfg, out, resume=resume)
-    except RunExists as exc:
-        raise click.BadParameter(str(exc), param_hint="'--out'") from None
-    except NothingToResume as exc:
-        raise click.BadParameter(str(exc), param_hint="'--resume'") from None
-    with one_line_errors():
-        summary = trainer.run(progress=not quiet)
-    out = Path(out)
-    try:
-        plot_metrics(out / "metrics.jsonl", out / "loss.png", summary["init_eval_loss"])
-    except ImportError as exc:
-        click.echo(
-            f"loss.png not written: {exc} (install the 'train' extra: pip install matplotlib)", err=True
-        )
-    if rollout_check:
-        from glm5.train.rollout import rollout_check as check
+    out = _run_dir(out, resume)
+    with one_writer(out, out / ".lock"):  # inside the run directory: its parent may not be ours
+        fsio.recover(out / "checkpoints")  # a checkpoint a killed save set aside is put back first
+        if resume:
+            _check_resume_options(cfg, out)
+        try:
+            trainer = Trainer(cfg, out, resume=resume)
+        except RunExists as exc:
+            raise click.BadParameter(str(exc), param_hint="'--out'") from None
+        except NothingToResume as exc:
+            raise click.BadParameter(str(exc), param_hint="'--resume'") from None
+        except StepsDone as exc:
+            raise click.BadParameter(str(exc), param_hint="'--steps'") from None
+        try:
+            with one_line_errors():
+                summary = trainer.run(progress=not quiet)
+        except Diverged as exc:
+            raise click.ClickException(str(exc)) from None
+        except OSError as exc:  # a full disk: the save's staging is gone, the last checkpoint intact
+            raise click.ClickException(f"{fsio.describe(exc)} (nothing of this save was published)") from None
+        try:
+            plot_metrics(out / "metrics.jsonl", out / "loss.png", summary["init_eval_loss"])
+        except ImportError as exc:
+            click.echo(
+                f"loss.png not written: {exc} (install the 'train' extra: pip install matplotlib)", err=True
+            )
+        if rollout_check:
+            from glm5.train.rollout import rollout_check as check
 
-        prompts = trainer.heldout[0][:2, :32].to(trainer.device)
-        stats = check(trainer.model, prompts, 16, seed=seed, invariant=trainer.cfg.deterministic,
-                      rollout_precision=trainer.cfg.rollout_precision)
-        stats.pop("sampled")
-        summary["rollout"] = stats
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            prompts = trainer.heldout[0][:2, :32].to(trainer.device)
+            stats = check(trainer.model, prompts, 16, seed=seed, invariant=trainer.cfg.deterministic,
+                          rollout_precision=trainer.cfg.rollout_precision)
+            stats.pop("sampled")
+            summary["rollout"] = stats
+            fsio.write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     click.echo(json.dumps(summary, indent=2))
     click.echo(f"checkpoint: {out / 'checkpoints' / 'latest'}  (e.g. glm5 generate --model "
                f"{out / 'checkpoints' / 'latest'})", err=True)

@@ -40,6 +40,19 @@ class NothingToResume(ValueError):
     """--resume, but `out` holds no complete checkpoint."""
 
 
+class StepsDone(ValueError):
+    """--resume with a `steps` the run has already reached: there is nothing to train."""
+
+
+class Diverged(RuntimeError):
+    """The loss, the gradient norm or the parameters became NaN or infinite: the run stops before it
+    would publish a checkpoint of them."""
+
+
+#: what a run directory may hold (anything else in --out is not ours: a new run refuses it)
+RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json", "loss.png", ".lock")
+
+
 @dataclass
 class TrainConfig:
     preset: str = "tiny"
@@ -84,6 +97,14 @@ class TrainConfig:
                 f"steps/batch_size/seq_len: expected >= 1, >= 1, >= 2, got "
                 f"{self.steps}, {self.batch_size}, {self.seq_len}"
             )
+        for name in ("lr", "temperature", "grad_clip", "min_lr_ratio", "mtp_weight", "kl_weight"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
+        for name in ("weight_decay", "balance_gamma"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
         check_rl_options(self)
 
     def lr_at(self, step: int) -> float:
@@ -114,6 +135,7 @@ class Trainer:
         self.out = Path(out)
         self.ckpt_root = self.out / "checkpoints"
         self.start_step, self.init_eval = 0, None
+        fsio.recover(self.ckpt_root)  # a checkpoint a killed save set aside is put back first
         if not resume:
             held = existing_run(self.out)
             if held:
@@ -123,9 +145,15 @@ class Trainer:
                 )
         ckpt = latest_checkpoint(self.ckpt_root) if resume else None
         if resume and ckpt is None:
-            raise NothingToResume(f"no checkpoint to resume under {self.ckpt_root}")
+            raise NothingToResume(
+                f"no checkpoint to resume under {self.ckpt_root}"
+                + (" (the run stopped before its first save: run it again without --resume to start it "
+                   "over)" if (self.out / "metrics.jsonl").exists() else "")
+            )
         if ckpt is not None:
             saved = load_trainer_state(ckpt)
+            if cfg.steps <= saved["step"]:
+                raise StepsDone(f"must exceed the steps already done ({saved['step']}), got {cfg.steps}")
             cfg = TrainConfig(**dict(saved["config"], steps=cfg.steps))
             self.start_step, self.init_eval = saved["step"], saved.get("init_eval_loss")
         self.cfg = cfg
@@ -227,9 +255,11 @@ class Trainer:
                     rec["eval_loss"] = self.evaluate()
                 mf.write(json.dumps(rec) + "\n")
                 mf.flush()
+                _check_finite(rec, done)
                 if rec["max_attn_logit"] is not None:
                     max_logit = max(max_logit, rec["max_attn_logit"])
                 if done % cfg.save_every == 0 or done == cfg.steps:
+                    self._check_parameters(done)
                     os.fsync(mf.fileno())  # the records a checkpoint covers are on disk before it is
                     save_checkpoint(
                         self.ckpt_root, done, self.model, self.optimizers, self._trainer_state(), cfg.keep
@@ -245,23 +275,48 @@ class Trainer:
             **(_reward_span(metrics_path) if cfg.stage == "rl" else {}),
             "train_seconds_this_run": time.perf_counter() - t0,
         }
-        fsio.write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        fsio.write_text_atomic(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary
 
     def _trainer_state(self) -> dict:
         return {"config": dataclasses.asdict(self.cfg), "init_eval_loss": self.init_eval}
 
+    @torch.no_grad()
+    def _check_parameters(self, done: int) -> None:
+        bad = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
+        if bad:
+            raise Diverged(f"training diverged at step {done}: {len(bad)} parameter tensor(s) hold NaN or "
+                           f"infinite values (e.g. {bad[0]}); no checkpoint written for it (try a lower "
+                           "--lr)")
+
+
+def _check_finite(rec: dict, done: int) -> None:
+    """Diverged if the step's loss or gradient norm is NaN or infinite."""
+    for key in ("loss", "grad_norm", "eval_loss"):
+        value = rec.get(key)
+        if value is not None and not math.isfinite(value):
+            raise Diverged(f"training diverged at step {done}: {key} is {value}; no checkpoint written for "
+                           "it (try a lower --lr)")
+
 
 def existing_run(out: Path) -> str:
-    """What of a training run `out` already holds ('' if nothing)."""
-    held = []
+    """What of a training run `out` already holds that a new run would replace ('' if nothing): its
+    checkpoints. A run killed before its first checkpoint holds only the metrics of steps it cannot
+    continue from, and is started over."""
     n = len(checkpoints(out / "checkpoints"))
-    if n:
-        held.append(f"{n} checkpoint(s) in checkpoints/")
-    for f in ("metrics.jsonl", "summary.json"):
-        if (out / f).exists():
-            held.append(f)
-    return ", ".join(held)
+    if not n:
+        return ""
+    return ", ".join([f"{n} checkpoint(s) in checkpoints/"]
+                     + [f for f in ("metrics.jsonl", "summary.json") if (out / f).exists()])
+
+
+def foreign_entries(out: Path) -> list[str]:
+    """The entries of `out` that are not a training run's (RUN_FILES, and the temporaries of its atomic
+    writes)."""
+    if not out.is_dir():
+        return []
+    tmp = tuple(f".{n}.tmp-" for n in RUN_FILES)
+    return sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES and not p.name.startswith(tmp))
 
 
 def _records(path: Path) -> list[dict]:
@@ -283,10 +338,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
     if not path.exists():
         return
     keep = [rec for rec in _records(path) if rec["step"] <= step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    fsio.write_text(tmp, "".join(json.dumps(rec) + "\n" for rec in keep))
-    os.replace(tmp, path)
-    fsio.fsync_path(path.parent)
+    fsio.write_text_atomic(path, "".join(json.dumps(rec) + "\n" for rec in keep))
 
 
 def _reward_span(path: Path) -> dict:

@@ -10,8 +10,10 @@ resume needs, tensors in safetensors and the rest in JSON (no pickle anywhere):
 
 A checkpoint is assembled (and fsynced) in a staging directory and renamed into place; `latest` is
 re-pointed atomically after that (a new symlink renamed over the old), so an interrupted save leaves
-the previous checkpoint intact and current, and the next save removes the staging it left. Older
-runs wrote `latest` as a text file holding the name; it is still read.
+the previous checkpoint intact and current, and the next save removes the staging it left (and puts
+back a checkpoint that a save without RENAME_EXCHANGE had set aside, fsio.recover). A pruned checkpoint
+is renamed to a trash name before it is deleted. Older runs wrote `latest` as a text file holding the
+name; it is still read.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
     older = sorted((s, p) for s, p in checkpoints(ckpt_root) if s < step)
     for _, old in older[: max(len(older) - (keep - 1), 0)]:
-        shutil.rmtree(old, ignore_errors=True)
+        fsio.remove_dir(old)  # renamed to a trash name first: never a half-deleted step-N
     return final
 
 
