@@ -9,7 +9,7 @@ Validation comes in tiers, so the hot path never reads the device back to the ho
 `Backend` calls them before dispatching, so a backend's own code may assume well-formed inputs and
 only has to decline (`NotSupported`) what it cannot serve.
 - `UNCHECKED[op]`: when the value checks do not run, the front door maps out-of-range values to one
-  defined result on device (a clamp, a running max, a mask; no host reads), so every backend returns the
+  defined result on device (a clamp, a sort, a mask; no host reads), so every backend returns the
   same thing for them instead of reading out of bounds (SPEC 10).
 """
 
@@ -271,11 +271,10 @@ def unchecked_topk(args: dict[str, Any]) -> tuple[dict[str, Any], Finish]:
 
 
 def _defined_offsets(offsets: torch.Tensor, m: int) -> torch.Tensor:
-    """Clamped to [0, M], made non-decreasing by a running maximum, first set to 0 and last to M."""
-    out = offsets.clamp(0, m).cummax(0).values
-    out[0] = 0
-    out[-1] = m
-    return out
+    """0, then the inner offsets clamped to [0, M] and sorted, then M (ops torch.export and the ONNX
+    export both take: no cummax, no in-place writes)."""
+    inner = offsets[1:-1].clamp(0, m).sort(stable=True).values
+    return torch.nn.functional.pad(torch.nn.functional.pad(inner, (1, 0), value=0), (0, 1), value=m)
 
 
 def _unchecked_offsets(rows_arg: str) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]:

@@ -1,7 +1,7 @@
 """Values the hot path does not check (SPEC 9, 10): topk `lengths`, `group_offsets` and cross-entropy
 `targets` are value-checked (ValueError) only under GLM5_VALIDATE=values; without it every backend gives
 the one defined result of SPEC 10 for out-of-range values: lengths clamped to [0, C], offsets clamped and
-made non-decreasing, an out-of-range target makes the loss NaN. Also: a top-k far wider than its
+sorted, an out-of-range target makes the loss NaN. Also: a top-k far wider than its
 candidates is refused before allocating, and tensors on another device (meta) get one NotSupported line
 before any value check reads them.
 """
@@ -50,20 +50,22 @@ def test_topk_lengths_out_of_range_raise_under_validation(be):
 
 # -- grouped_matmul group_offsets ------------------------------------------------------------------------
 
-# given offsets (M = 6, E = 2) -> the defined ones: clamped to [0, M], running max, first 0, last M
+# given offsets (M = 6) -> the defined ones: 0, the inner ones clamped to [0, M] and sorted, M
 DEFINED_OFFSETS = [
     ([0, 3, 4], [0, 3, 6]),  # ends short of M
     ([0, 4, 2], [0, 4, 6]),  # decreasing
     ([0, 2, 8], [0, 2, 6]),  # past M
     ([1, 3, 6], [0, 3, 6]),  # starts past 0
     ([0, -1, 6], [0, 0, 6]),  # negative
+    ([0, 5, 2, 6], [0, 2, 5, 6]),  # inner offsets out of order
+    ([0, 9, -4, 3], [0, 0, 6, 6]),  # both ways out of range
 ]
 
 
 @pytest.mark.parametrize(("given", "defined"), DEFINED_OFFSETS, ids=[str(g) for g, _ in DEFINED_OFFSETS])
 def test_grouped_matmul_bad_offsets_give_the_defined_grouping(be, given, defined):
     g = torch.Generator().manual_seed(1)
-    x, w = torch.randn(6, 4, generator=g), torch.randn(2, 5, 4, generator=g)
+    x, w = torch.randn(6, 4, generator=g), torch.randn(len(given) - 1, 5, 4, generator=g)
     out = be.grouped_matmul(x, w, torch.tensor(given))
     assert out.shape == (6, 5)  # every row of x has its output row
     want = be.grouped_matmul(x, w, torch.tensor(defined))
