@@ -6,8 +6,11 @@ glm5 conformance --backend cuda --ops topk --case 'adversarial/ties*' --dtype fl
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import sys
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -21,6 +24,49 @@ def _split(values) -> list[str]:
     return out
 
 
+def bad_glob(glob: str | None) -> str | None:
+    """Why `glob` is not a usable --case glob (None: it is): empty, or a '[' that opens no set (fnmatch
+    would silently read it as a literal '[', which no case id holds)."""
+    if glob is None:
+        return None
+    if not glob:
+        return "expected a glob over case ids, e.g. 'adversarial/ties*', got ''"
+    i, n = 0, len(glob)
+    while i < n:
+        if glob[i] == "[":
+            j = i + 1
+            j += j < n and glob[j] == "!"
+            j += j < n and glob[j] == "]"
+            while j < n and glob[j] != "]":
+                j += 1
+            if j >= n:
+                return (
+                    f"{glob!r} is not a valid glob: the '[' at position {i} is never closed "
+                    "(a literal '[' is '[[]')"
+                )
+            i = j
+        i += 1
+    return None
+
+
+def selections(
+    names: list[str],
+    ops: list[str] | None,
+    suite: str,
+    case_glob: str | None,
+    dtypes: list[str] | None,
+) -> list[tuple[str, Any, list]]:
+    """(name, backend, its selected (case, dtype) pairs) for each backend, before anything runs."""
+    import backends
+    from conformance import cases
+
+    out = []
+    for name in names:
+        be = backends.get(name)
+        out.append((name, be, cases.for_backend(be, ops, suite, case_glob, dtypes)))
+    return out
+
+
 def run_backends(
     names: list[str],
     ops: list[str] | None,
@@ -28,20 +74,20 @@ def run_backends(
     case_glob: str | None,
     dtypes: list[str] | None,
     console=None,
+    selected: list[tuple[str, Any, list]] | None = None,
 ):
-    """Run the selection on each backend; returns the list of `report.BackendRun`."""
+    """Run the selection on each backend (`selected`: from `selections`, else made here); returns the list
+    of `report.BackendRun`."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    import backends
-    from conformance import cases
     from conformance.report import BackendRun
     from conformance.result import FAILING
     from conformance.runner import Runner
 
     runs = []
-    for name in names:
-        be = backends.get(name)
-        selection = cases.for_backend(be, ops, suite, case_glob, dtypes)
+    if selected is None:
+        selected = selections(names, ops, suite, case_glob, dtypes)
+    for name, be, selection in selected:
         columns = (
             TextColumn("{task.description}"),
             BarColumn(),
@@ -121,7 +167,6 @@ def conformance(
     usable here runs and the report lists every known one (built-in and plugin) with its status and
     the reason it did not run. Exits non-zero on any failure or when zero cases ran."""
     from rich.console import Console
-    from rich.markup import escape
 
     import backends
     from backends.errors import BackendUnavailable
@@ -139,16 +184,93 @@ def conformance(
         )
     statuses = _statuses(known, names)
     names = names or [n for n, ok, _ in known if ok]
-    if diff:
-        from conformance.diff import main as diff_main
+    problem = bad_glob(case_glob)
+    if problem:
+        raise click.BadParameter(problem, param_hint="'--case'")
+    outputs = check_outputs({"--json": json_path, "--junit": junit_path, "--markdown": markdown_path})
+    op_list, dtype_list = _split(ops) or None, _split(dtypes) or None
+    with contextlib.ExitStack() as locks:
+        lock_outputs(outputs, locks)  # one writer per report, for the whole run
+        if diff:
+            from conformance.diff import main as diff_main
 
-        sel = (_split(ops) or None, suite, case_glob, _split(dtypes) or None)
-        sys.exit(diff_main(names, *sel, json_path, console))
+            sys.exit(diff_main(names, op_list, suite, case_glob, dtype_list, json_path, console))
+        selected = _selected(names, op_list, suite, case_glob, dtype_list)
+        try:
+            runs = run_backends(names, op_list, suite, case_glob, dtype_list, console, selected)
+        except (BackendUnavailable, ManifestError, ValueError) as exc:
+            click.echo(f"error: {_first_line(exc)}", err=True)
+            sys.exit(2)
+        _report(runs, statuses, suite, ops, case_glob, dtypes, console, json_path, junit_path, markdown_path)
+    sys.exit(report.exit_code(runs))
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def check_outputs(paths: dict[str, str | None]) -> dict[str, str]:
+    """The report paths given (option -> path), each checked writable before anything runs."""
+    from conformance.report import output_problem
+
+    given = {opt: p for opt, p in paths.items() if p}
+    seen: dict[str, str] = {}
+    for opt, p in given.items():
+        problem = output_problem(p)
+        if problem:
+            raise click.BadParameter(problem, param_hint=f"'{opt}'")
+        key = str(Path(p).absolute())
+        if key in seen:
+            raise click.BadParameter(f"{p!r} is also the {seen[key]} report; give each its own file",
+                                     param_hint=f"'{opt}'")
+        seen[key] = opt
+    return given
+
+
+def lock_outputs(outputs: dict[str, str], locks: contextlib.ExitStack) -> None:
+    from glm5.fsio import OutputBusy, exclusive, lock_path
+
+    for opt, p in outputs.items():
+        try:
+            locks.enter_context(exclusive(lock_path(p), p))
+        except OutputBusy as exc:
+            raise click.BadParameter(str(exc), param_hint=f"'{opt}'") from None
+
+
+#: the selection field a ValueError names ("field: ...") -> its option
+_OPTION_OF = {"op": "'--ops'", "dtype": "'--dtype'", "suite": "'--suite'"}
+
+
+def _selected(names, ops, suite, case_glob, dtypes) -> list[tuple[str, Any, list]]:
+    """Every backend's selection, or a usage error naming the option that selects nothing valid."""
+    from backends.errors import BackendUnavailable
+    from conformance.manifest import ManifestError
+
     try:
-        runs = run_backends(names, _split(ops) or None, suite, case_glob, _split(dtypes) or None, console)
-    except (BackendUnavailable, ManifestError, ValueError) as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
+        selected = selections(names, ops, suite, case_glob, dtypes)
+    except BackendUnavailable as exc:
+        raise click.BadParameter(_first_line(exc), param_hint="'--backend'") from None
+    except ManifestError as exc:
+        click.echo(f"error: {_first_line(exc)}", err=True)
         sys.exit(2)
+    except ValueError as exc:
+        field, _, rest = _first_line(exc).partition(": ")
+        if rest and field in _OPTION_OF:
+            raise click.BadParameter(rest, param_hint=_OPTION_OF[field]) from None
+        raise click.UsageError(_first_line(exc)) from None
+    if case_glob and selected and not any(sel for _, _, sel in selected):
+        raise click.BadParameter(
+            f"{case_glob!r} matches no case of suite {suite!r} for the selected ops and dtypes (case ids "
+            "look like 'smoke/random_r4_c16_k5' or 'adversarial/ties_*')",
+            param_hint="'--case'",
+        )
+    return selected
+
+
+def _report(runs, statuses, suite, ops, case_glob, dtypes, console, json_path, junit_path, markdown_path):
+    """Console report, then each report file (atomically)."""
+    from conformance import report
+
     summ = report.summary(runs)
     for run in runs:
         s = summ[run.backend]
@@ -167,4 +289,3 @@ def conformance(
         report.write_junit(runs, junit_path, header)
     if markdown_path:
         report.write_markdown(runs, markdown_path, header)
-    sys.exit(report.exit_code(runs))

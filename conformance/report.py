@@ -6,10 +6,12 @@ JUnit XML and Markdown."""
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from backends.ops import OPS
@@ -157,9 +159,34 @@ def to_json(runs: Sequence[BackendRun], header: Header | None = None) -> dict[st
     }
 
 
+def output_problem(path: str | os.PathLike) -> str | None:
+    """Why a report cannot be written to the file `path` (None: it can), checked before a run so that a
+    typo does not lose the report at its end: the parent must be a writable directory, the path not a
+    directory nor anything but a regular file."""
+    p = Path(path)
+    parent = p.absolute().parent
+    if p.is_dir():
+        return f"{str(p)!r} is a directory; expected a file path"
+    if p.exists() and not p.is_file():
+        return f"{str(p)!r} exists and is not a regular file"
+    if not parent.exists():
+        return f"{str(p)!r}: directory {str(parent)!r} does not exist"
+    if not parent.is_dir():
+        return f"{str(p)!r}: {str(parent)!r} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{str(p)!r}: directory {str(parent)!r} is not writable"
+    return None
+
+
+def write_text_report(path: str | os.PathLike, text: str) -> None:
+    """Replace the report at `path` in one step (a reader sees the old report or the new, never half)."""
+    from glm5.fsio import write_text_atomic
+
+    write_text_atomic(path, text)
+
+
 def write_json(runs: Sequence[BackendRun], path: str, header: Header | None = None) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(to_json(runs, header), f, indent=1, default=str)
+    write_text_report(path, json.dumps(to_json(runs, header), indent=1, default=str))
 
 
 def failure_text(r: Result) -> str:
@@ -214,7 +241,7 @@ def write_junit(runs: Sequence[BackendRun], path: str, header: Header | None = N
             )
             tc = ET.SubElement(suite, "testcase", classname=f"conformance.{b['name']}", name="backend")
             ET.SubElement(tc, "skipped", message=status_line(b)[:500])
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+    write_text_report(path, ET.tostring(root, encoding="unicode", xml_declaration=True))
 
 
 def _markdown_header(header: Header) -> list[str]:
@@ -264,8 +291,7 @@ def to_markdown(runs: Sequence[BackendRun], header: Header | None = None) -> str
 
 
 def write_markdown(runs: Sequence[BackendRun], path: str, header: Header | None = None) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(to_markdown(runs, header))
+    write_text_report(path, to_markdown(runs, header))
 
 
 def render_header(header: Header, console) -> None:

@@ -5,7 +5,9 @@ never outside the directory named (issue 21)."""
 from __future__ import annotations
 
 import json
+import os
 
+import pytest
 from click.testing import CliRunner
 
 from glm5.cli import main
@@ -101,3 +103,100 @@ def test_plan_and_conformance_help_still_work():
         res = CliRunner().invoke(main, cmd)
         assert res.exit_code == 0 and "Usage" in res.output, res.output
     assert MACHINE_DIR.is_dir()
+
+
+# -- glm5 conformance -----------------------------------------------------------------------------------
+_SMALL = ["conformance", "--backend", "reference", "--ops", "topk", "--suite", "smoke"]
+
+
+@pytest.mark.parametrize(
+    "extra,word",
+    [
+        (["--ops", "nope"], "--ops"),
+        (["--dtype", "nope"], "--dtype"),
+        (["--case", "["], "--case"),
+        (["--case", "smoke/[ab"], "--case"),
+        (["--case", "zzz*"], "--case"),
+        (["--json", "{d}/missing/r.json"], "--json"),
+        (["--junit", "{d}/missing/r.xml"], "--junit"),
+        (["--markdown", "{d}/file.txt/r.md"], "--markdown"),
+        (["--json", "{d}/same", "--markdown", "{d}/same"], "--markdown"),
+    ],
+)
+def test_conformance_bad_arguments_are_one_line_on_stderr_before_anything_runs(tmp_path, extra, word):
+    (tmp_path / "file.txt").write_text("x")
+    args = [a.replace("{d}", str(tmp_path)) for a in extra]
+    res = CliRunner().invoke(main, [*_SMALL[:5], *args] if "--ops" in args else [*_SMALL, *args])
+    _one_error_line(res, word)
+    assert res.stdout == "", res.stdout  # no report: nothing ran
+    if word == "--case":
+        assert ("never closed" in res.stderr) == ("[" in args[1]), res.stderr
+        assert ("matches no case" in res.stderr) == (args[1] == "zzz*"), res.stderr
+
+
+def test_conformance_reports_are_replaced_atomically(tmp_path):
+    """Each report is a new file renamed over the old one, never the old file truncated and rewritten: a
+    hard link to the old report (a reader that opened it) still holds the old text."""
+    outs = {opt: tmp_path / f"r.{opt}" for opt in ("json", "junit", "markdown")}
+    for opt, p in outs.items():
+        p.write_text("old report")
+        os.link(p, tmp_path / f"old.{opt}")
+    res = CliRunner().invoke(main, [*_SMALL, *[a for o, p in outs.items() for a in (f"--{o}", str(p))]])
+    assert res.exit_code == 0, res.output
+    assert json.loads(outs["json"].read_text())["summary"]["reference"]["ok"]
+    assert outs["junit"].read_text().startswith("<?xml") and "| topk |" in outs["markdown"].read_text()
+    for opt in outs:
+        assert (tmp_path / f"old.{opt}").read_text() == "old report", opt
+
+
+def test_conformance_report_has_one_writer(tmp_path):
+    from glm5.fsio import exclusive, lock_path
+
+    out = tmp_path / "r.json"
+    with exclusive(lock_path(out)):  # another run writing the same report
+        res = CliRunner().invoke(main, [*_SMALL, "--json", str(out)])
+    _one_error_line(res, "--json")
+    assert "another process" in res.stderr and not out.exists()
+
+
+# -- glm5 port ------------------------------------------------------------------------------------------
+def test_port_init_never_writes_through_a_symlink_out_of_dir(tmp_path):
+    target, outside = tmp_path / "D", tmp_path / "outside"
+    target.mkdir()
+    outside.mkdir()
+    (target / "glm5_mychip").symlink_to(outside)
+    res = CliRunner().invoke(main, ["port", "init", "mychip", "--dir", str(target), "--force"])
+    _one_error_line(res, "symlink")
+    assert list(outside.iterdir()) == [] and sorted(p.name for p in target.iterdir()) == ["glm5_mychip"]
+
+
+@pytest.fixture(scope="module")
+def conformance_json(tmp_path_factory):
+    path = tmp_path_factory.mktemp("conf") / "c.json"
+    res = CliRunner().invoke(main, [*_SMALL, "--json", str(path)])
+    assert res.exit_code == 0, res.output
+    return path
+
+
+def test_port_status_bad_output_is_one_line_before_anything_runs(tmp_path, conformance_json):
+    base = ["port", "status", "reference", "--no-model", "--from-json", str(conformance_json)]
+    for opt in ("--json", "--markdown", "--conformance-json"):
+        res = CliRunner().invoke(main, [*base, opt, str(tmp_path / "missing" / "s.out")])
+        _one_error_line(res, opt)
+        assert res.stdout == "", res.stdout
+
+
+def test_port_status_reports_are_replaced_atomically(tmp_path, conformance_json):
+    outs = {opt: tmp_path / f"s.{opt}" for opt in ("json", "markdown")}
+    for opt, p in outs.items():
+        p.write_text("old report")
+        os.link(p, tmp_path / f"old.{opt}")
+    res = CliRunner().invoke(
+        main,
+        ["port", "status", "reference", "--no-model", "--from-json", str(conformance_json),
+         *[a for o, p in outs.items() for a in (f"--{o}", str(p))]],
+    )
+    assert res.exit_code in (0, 1), res.output
+    assert json.loads(outs["json"].read_text())["backend"] == "reference"
+    for opt in outs:
+        assert (tmp_path / f"old.{opt}").read_text() == "old report", opt

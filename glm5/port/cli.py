@@ -86,30 +86,38 @@ def status_cmd(
 ):
     """Porting report of backend NAME: per op and dtype passing/failing/unsupported with the reason,
     determinism claims, model-level checks, and the ops still missing to run GLM-5 (--config, --recipe)."""
+    import contextlib
+
     from rich.console import Console
 
     from backends.errors import BackendUnavailable
+    from conformance.cli import check_outputs, lock_outputs
     from glm5.port import status as st
     from glm5.port.needs import NeedsError
 
+    outputs = check_outputs(
+        {"--json": json_path, "--markdown": markdown_path, "--conformance-json": conformance_json}
+    )
     # a report piped to a file keeps its columns (rich would otherwise assume 80)
     console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 150)
-    try:
-        need = st.Need(config, tuple(recipes), dtype, train)
-        rep = st.build(
-            name,
-            suite,
-            need,
-            model_checks=not no_model,
-            console=console,
-            conformance_json=conformance_json,
-            from_json=from_json,
-        )
-    except (BackendUnavailable, NeedsError, st.StatusError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    st.render(rep, console)
-    if json_path:
-        st.write_json(rep, json_path)
-    if markdown_path:
-        st.write_markdown(rep, markdown_path)
+    with contextlib.ExitStack() as locks:
+        lock_outputs(outputs, locks)  # one writer per report, for the whole run
+        try:
+            need = st.Need(config, tuple(recipes), dtype, train)
+            rep = st.build(
+                name,
+                suite,
+                need,
+                model_checks=not no_model,
+                console=console,
+                conformance_json=conformance_json,
+                from_json=from_json,
+            )
+        except (BackendUnavailable, NeedsError, st.StatusError) as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        st.render(rep, console)
+        if json_path:
+            st.write_json(rep, json_path)
+        if markdown_path:
+            st.write_markdown(rep, markdown_path)

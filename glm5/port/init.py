@@ -152,11 +152,28 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _escape(root: Path, rel: str) -> str | None:
+    """Why writing `root/rel` could land outside `root` (None: it cannot): a symlink at `rel` or at any
+    directory between `root` and it (e.g. DIR/glm5_NAME -> elsewhere), or a path resolving outside."""
+    path = root
+    for part in Path(rel).parts:
+        path = path / part
+        if path.is_symlink():
+            return (
+                f"--dir: {str(path)!r} is a symlink (to {os.readlink(path)!r}); refusing to write through it "
+                "(remove it, or choose another --dir)"
+            )
+    if not (root / rel).resolve().is_relative_to(root.resolve()):
+        return f"--dir: {str(root / rel)!r} resolves outside {str(root)!r}"
+    return None
+
+
 def init(name: str, directory: str | Path | None = None, force: bool = False) -> tuple[Path, list[str]]:
     """Write the package for backend `name` into `directory` (default ./glm5-NAME); returns (dir, files).
 
     An existing non-empty directory is refused unless `force` (then only the generated files are replaced,
-    anything else there is kept). Every file is written atomically inside the directory, never outside it."""
+    anything else there is kept). Every file is written atomically inside the directory, never outside it: a
+    symlink among the generated paths (or their directories) is refused before anything is written."""
     check_name(name, force)
     root = Path(directory if directory is not None else f"glm5-{name.replace('_', '-')}")
     if root.exists() and not root.is_dir():
@@ -167,9 +184,14 @@ def init(name: str, directory: str | Path | None = None, force: bool = False) ->
         )
     created = not root.exists()
     content = files(name)
+    for rel in content:  # before anything is written
+        if why := _escape(root, rel):
+            raise PortError(why)
     try:
         root.mkdir(parents=True, exist_ok=True)
         for rel, text in content.items():
+            if why := _escape(root, rel):  # again, just before writing: a symlink made meanwhile
+                raise PortError(why)
             _write_atomic(root / rel, text)
     except BaseException:
         if created:  # leave nothing half-written behind; a directory that was there is left alone

@@ -290,13 +290,15 @@ def to_markdown(rep: dict[str, Any]) -> str:
 
 
 def write_json(rep: dict[str, Any], path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(rep, f, indent=1, default=str)
+    from conformance.report import write_text_report
+
+    write_text_report(path, json.dumps(rep, indent=1, default=str))
 
 
 def write_markdown(rep: dict[str, Any], path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(to_markdown(rep))
+    from conformance.report import write_text_report
+
+    write_text_report(path, to_markdown(rep))
 
 
 def render(rep: dict[str, Any], console) -> None:

@@ -41,9 +41,9 @@ def test_reports_and_fixed_denominator(tmp_path):
     assert "| w4a8_matmul | float16 | - |" in md and "| topk | float32 | 2/2 |" in md
 
 
-def test_zero_cases_is_a_failure():
+def test_a_case_glob_that_matches_nothing_is_a_usage_error():
     out = CliRunner().invoke(conformance, ["--backend", "reference", "--case", "no-such-case*"])
-    assert out.exit_code == 1 and "zero cases ran" in out.output
+    assert out.exit_code == 2 and "'--case'" in out.output and "matches no case" in out.output
 
 
 def test_bad_arguments_exit_2():
