@@ -102,9 +102,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def describe(exc: OSError) -> str:
     """One line for a failed file operation: the path and the errno's text (e.g. "/data/run/x: No space
     left on device")."""
-    where = exc.filename if exc.filename is not None else ""
-    what = exc.strerror or str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return f"{where}: {what}" if where else what
+    what = exc.strerror or (str(exc).splitlines() or [type(exc).__name__])[0]
+    return f"{exc.filename}: {what}" if exc.filename is not None else what
 
 
 class OutputBusy(RuntimeError):

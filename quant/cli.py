@@ -9,14 +9,47 @@ from pathlib import Path
 
 import click
 
-from glm5.cli_args import backend_choice, model_option, one_line_errors
+from glm5 import fsio
+from glm5.cli_args import backend_choice, model_option, one_line_errors, one_writer
 from quant import recipe as recipes
 from quant.load import FORMATS
+
+#: options that --format fp8 (a re-encoding, no recipe, no calibration) would otherwise silently ignore
+_NOT_FOR_FP8 = ("recipe_name", "group_size", "calib_seqs", "calib_len")
+
+
+def _refuse_unused_with_fp8() -> None:
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    for param in ctx.command.params:
+        if param.name in _NOT_FOR_FP8 and ctx.get_parameter_source(param.name) == ParameterSource.COMMANDLINE:
+            raise click.BadParameter(
+                "--format fp8 re-encodes the source as block FP8 and takes no recipe nor calibration; drop "
+                f"{param.opts[0]} (or choose --format compressed-tensors|modelslim)",
+                param_hint=f"'{param.opts[0]}'")
+
+
+def _out_path(out: str) -> Path:
+    """--out as a Path: an empty string (the current directory) or a path ending in '.' / '..' is
+    refused, as the directory is replaced whole."""
+    path = Path(out)
+    if not out.strip() or path.name in ("", ".", ".."):
+        raise click.BadParameter(f"expected a new directory's path, got {out!r}", param_hint="'--out'")
+    return path
 
 
 def _check_out(out: Path, src: Path, overwrite: bool) -> None:
     """Never write into or over the source, and replace an existing DIR only with --overwrite (and only
-    when it is a checkpoint or empty: a directory of other files is never deleted)."""
+    when it is a checkpoint or empty: a directory of other files is never deleted). An --out that cannot
+    be looked at (a name too long, no permission) is one line too."""
+    try:
+        _check_out_path(out, src, overwrite)
+    except OSError as exc:
+        raise click.BadParameter(fsio.describe(exc), param_hint="'--out'") from None
+
+
+def _check_out_path(out: Path, src: Path, overwrite: bool) -> None:
     o, s = Path(os.path.realpath(out)), Path(os.path.realpath(src))
     if o == s or s in o.parents or o in s.parents:
         raise click.BadParameter(f"{out} overlaps the source checkpoint {src}; choose another directory",
@@ -40,7 +73,7 @@ def _check_out(out: Path, src: Path, overwrite: bool) -> None:
               help=f"recipe name ({', '.join(recipes.available())}) or a YAML path")
 @click.option("--format", "fmt", type=click.Choice(sorted(FORMATS) + ["fp8"]), required=True,
               help="fp8: block FP8 as GLM-5-FP8 (the recipe and calibration do not apply)")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--out", type=click.Path(file_okay=False), required=True,
               help="Directory to write (never the source; an existing one only with --overwrite).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing checkpoint at --out (atomically).")
 @click.option("--group-size", type=click.IntRange(min=0), default=None,
@@ -50,12 +83,14 @@ def _check_out(out: Path, src: Path, overwrite: bool) -> None:
 @click.option("--calib-len", type=click.IntRange(min=2), default=128, show_default=True)
 @click.option("--backend", default="reference", show_default=True, help="backend that runs calibration")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
-def quantize(model_path: Path, recipe_name: str, fmt: str, out: Path, overwrite: bool, group_size: int | None,
+def quantize(model_path: Path, recipe_name: str, fmt: str, out: str, overwrite: bool, group_size: int | None,
              calib_seqs: int, calib_len: int, backend: str, quiet: bool) -> None:
     """Quantize the float or FP8 checkpoint --model by a recipe (layer-by-layer calibration) and write it
     as FORMAT to --out, streaming: one decoder layer is in memory at a time, written as its own shard, and
     --out is replaced atomically at the end (an interrupted run leaves it as it was)."""
     src = model_path
+    if fmt == "fp8":
+        _refuse_unused_with_fp8()
     try:
         recipe = recipes.Recipe.load(recipe_name, group_size)
     except ValueError as exc:
@@ -64,7 +99,8 @@ def quantize(model_path: Path, recipe_name: str, fmt: str, out: Path, overwrite:
         raise click.BadParameter("modelslim (vllm-ascend ascendv1) stores per-channel int4 only; this recipe "
                                  "uses per-group int4 (use --format compressed-tensors)",
                                  param_hint="'--format'")
-    _check_out(out, src, overwrite)
+    out = _out_path(out)
+    _check_out(out, src, overwrite)  # before the lock file is made beside --out
     be = backend_choice(backend)
 
     from glm5.checkpoint import CheckpointError, NotACheckpoint
@@ -72,13 +108,21 @@ def quantize(model_path: Path, recipe_name: str, fmt: str, out: Path, overwrite:
     from quant.data import token_batch
     from quant.stream import NotASource, convert
 
-    t0 = time.time()
-    calib = token_batch("train", calib_seqs, calib_len, seed=0) if calib_seqs and fmt != "fp8" else None
-    with Phases("quantize", enabled=not quiet) as progress, one_line_errors():
-        try:
-            plan = convert(src, out, fmt, None if fmt == "fp8" else recipe, calib, be, progress=progress)
-        except (CheckpointError, NotACheckpoint, NotASource) as exc:  # the source, not the options
-            raise click.BadParameter(str(exc).splitlines()[0], param_hint="'--model'") from None
+    with one_writer(out):
+        fsio.recover(out.parent)  # an --out a killed --overwrite had set aside is put back, then checked
+        _check_out(out, src, overwrite)
+        t0 = time.time()
+        calib = token_batch("train", calib_seqs, calib_len, seed=0) if calib_seqs and fmt != "fp8" else None
+        with Phases("quantize", enabled=not quiet) as progress, one_line_errors():
+            try:
+                plan = convert(src, out, fmt, None if fmt == "fp8" else recipe, calib, be, progress=progress)
+            except (CheckpointError, NotACheckpoint, NotASource) as exc:  # the source, not the options
+                raise click.BadParameter(str(exc).splitlines()[0], param_hint="'--model'") from None
+            except OSError as exc:  # a full disk: the staging is removed, --out is as it was
+                if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+                    raise  # a source file missing: one_line_errors' usage error
+                raise click.ClickException(f"{fsio.describe(exc)} (nothing was published at {out})") \
+                    from None
     if fmt == "fp8":
         click.echo(f"fp8 (e4m3, 128x128 blocks) at {out}, {time.time() - t0:.1f}s")
         return

@@ -22,7 +22,14 @@ import click
 import torch
 
 from glm5 import fsio
-from glm5.cli_args import check_positions, check_preset, check_preset_fits, model_option, one_line_errors
+from glm5.cli_args import (
+    check_positions,
+    check_preset,
+    check_preset_fits,
+    model_option,
+    one_line_errors,
+    one_writer,
+)
 from glm5.progress import Phases
 
 if TYPE_CHECKING:  # onnx is imported when the command runs, so that its --help works without the extra
@@ -153,7 +160,8 @@ def export_onnx(
         _refuse_fp8(model_path)
     if model_path is None:
         check_preset_fits(preset or "tiny", "'--preset'", getattr(torch, dtype))
-    with Phases("export-onnx", enabled=not quiet) as progress, _exporter_warnings(quiet):
+    # one writer of --out at a time (its lock, .NAME.lock beside it, covers the inlined file too)
+    with one_writer(out), Phases("export-onnx", enabled=not quiet) as progress, _exporter_warnings(quiet):
         progress.phase(f"loading {model_path or preset or 'tiny'}")
         with one_line_errors("'--model'"):
             model = _load(preset, model_path, getattr(torch, dtype))

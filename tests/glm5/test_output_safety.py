@@ -56,11 +56,15 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
 # a writer on a filesystem without RENAME_EXCHANGE, killed (SIGKILL) just before its Nth rename
 _NO_EXCHANGE_WRITER = textwrap.dedent(
     """
-    import errno, os, signal, sys
+    import ctypes, os, signal, sys
     from pathlib import Path
     from glm5 import fsio
 
-    fsio._renameat2 = lambda a, b, flags: errno.EINVAL
+    class LibcWithoutRenameat2:  # as an old libc: renameat2 is not there (ENOSYS)
+        def __init__(self, *args, **kwargs):
+            pass
+
+    ctypes.CDLL = LibcWithoutRenameat2
     parent, value, kill_before = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     renames = 0
 
@@ -123,3 +127,97 @@ def _dead_pid() -> int:
     p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                        capture_output=True, text=True)
     return int(p.stdout)
+
+
+# -- the quantize and export-onnx commands ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def float_ckpt(tmp_path_factory):
+    from glm5.config import GLM5Config
+    from glm5.model import GLM5ForCausalLM
+
+    path = tmp_path_factory.mktemp("float") / "float"
+    model = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend="reference")
+    model.init_weights(0)
+    model.save_pretrained(path)
+    return path
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from glm5.cli import main
+
+    return CliRunner().invoke(main, list(map(str, args)))
+
+
+def _one_error(res, code, *words):
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
+    assert res.exit_code == code, (res.output, repr(res.exception))
+    assert len(errors) == 1 and all(w in errors[0] for w in words), res.output
+    assert "Traceback" not in res.output
+
+
+def _fp8(src, out, *extra):
+    return _cli("quantize", "--model", src, "--format", "fp8", "--out", out, "--quiet", *extra)
+
+
+def test_quantize_fp8_refuses_a_recipe_or_calibration_it_would_ignore(float_ckpt, tmp_path):
+    for extra, name in ((["--recipe", "glm5-w8a8"], "--recipe"), (["--group-size", "32"], "--group-size"),
+                        (["--calib-seqs", "4"], "--calib-seqs")):
+        _one_error(_fp8(float_ckpt, tmp_path / "q", *extra), 2, f"'{name}'", "fp8")
+    assert not (tmp_path / "q").exists()
+
+
+def test_quantize_second_writer_is_refused_while_the_first_holds_out(float_ckpt, tmp_path):
+    out = tmp_path / "q"
+    with fsio.exclusive(fsio.lock_path(out), out):  # as a quantize running on it holds it
+        _one_error(_fp8(float_ckpt, out), 2, "'--out'", f"pid {os.getpid()}")
+    assert not out.exists()
+    assert _fp8(float_ckpt, out).exit_code == 0
+    _one_error(_fp8(float_ckpt, out), 2, "'--out'", "--overwrite")  # after it: exists
+
+
+def test_export_onnx_second_writer_is_refused(tmp_path):
+    pytest.importorskip("onnxscript")
+    out = tmp_path / "m.onnx"
+    with fsio.exclusive(fsio.lock_path(out), out):
+        _one_error(_cli("export-onnx", "--preset", "tiny", "--out", out, "--quiet"), 2, "'--out'", "pid")
+    assert not out.exists()
+
+
+def test_quantize_bad_out_paths_are_one_line(float_ckpt, tmp_path):
+    (tmp_path / "loop").symlink_to("loop")
+    for out, word in (("", "--out"), (tmp_path / "loop", "not a directory"),
+                      (tmp_path / ("x" * 300), "File name too long"), (tmp_path / "a" / "..", "--out")):
+        _one_error(_fp8(float_ckpt, out), 2, "'--out'", word)
+
+
+def test_quantize_full_disk_is_one_line_and_leaves_out_as_it_was(float_ckpt, tmp_path, monkeypatch):
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    out = tmp_path / "q"
+    assert _fp8(float_ckpt, out).exit_code == 0
+    before = sorted((p.name, p.stat().st_size) for p in out.iterdir())
+    real = safetensors.torch.save_file
+
+    def full(tensors, path, *args, **kwargs):
+        if "part-00002" in str(path):
+            raise SafetensorError("Error while serializing: I/O error: No space left on device "
+                                  f'(os error 28) at path "{path}"')
+        return real(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    _one_error(_fp8(float_ckpt, out, "--overwrite"), 1, "No space left on device", "part-00002")
+    assert sorted((p.name, p.stat().st_size) for p in out.iterdir()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".q.lock", "q"]  # no staging left
+
+
+def test_quantize_puts_back_an_out_a_killed_overwrite_set_aside(float_ckpt, tmp_path):
+    out = tmp_path / "q"
+    assert _fp8(float_ckpt, out).exit_code == 0
+    out.rename(tmp_path / f".q.old-{_dead_pid()}-0b")  # killed between the two renames (no EXCHANGE)
+    _one_error(_fp8(float_ckpt, out), 2, "'--out'", "--overwrite")  # it is back: not replaced unasked
+    assert (out / "config.json").is_file()
