@@ -290,7 +290,11 @@ def publish_dir(tmp: Path, path: Path, prefix: str) -> None:
             old = _aside_name(path, "old")
             os.rename(path, old)
             fsync_path(path.parent)
-            os.rename(tmp, path)
+            try:
+                os.rename(tmp, path)
+            except BaseException:
+                os.rename(old, path)  # an error (not a kill): the old one goes straight back
+                raise
             fsync_path(path.parent)
             shutil.rmtree(old, ignore_errors=True)
     else:

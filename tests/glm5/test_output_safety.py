@@ -221,3 +221,24 @@ def test_quantize_puts_back_an_out_a_killed_overwrite_set_aside(float_ckpt, tmp_
     out.rename(tmp_path / f".q.old-{_dead_pid()}-0b")  # killed between the two renames (no EXCHANGE)
     _one_error(_fp8(float_ckpt, out), 2, "'--out'", "--overwrite")  # it is back: not replaced unasked
     assert (out / "config.json").is_file()
+
+
+def test_without_rename_exchange_a_failing_second_rename_puts_the_old_directory_back(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt"
+    path.mkdir()
+    (path / "a").write_text("old")
+    tmp = fsio.staging_dir(tmp_path, ".ckpt.tmp-")
+    (tmp / "a").write_text("new")
+    monkeypatch.setattr(fsio, "_renameat2", lambda a, b, flags: 22)  # EINVAL: no RENAME_EXCHANGE here
+    real, calls = os.rename, []
+
+    def second_fails(a, b):
+        calls.append(b)
+        if len(calls) == 2:
+            raise OSError(28, os.strerror(28), str(b))
+        real(a, b)
+
+    monkeypatch.setattr(fsio.os, "rename", second_fails)
+    with pytest.raises(OSError):
+        fsio.publish_dir(tmp, path, ".ckpt.tmp-")
+    assert (path / "a").read_text() == "old"
