@@ -5,7 +5,9 @@ amax, pass 2 quantizes. Numerics are bitwise those of the reference: the input i
 (exact), amax is a max (order-free), `scale = max(amax, 1e-10) / 127` and `x / scale` use
 correctly rounded division (`div_rn`; Triton's plain `/` on fp32 is an approximate divide on
 NVIDIA), and rounding is half-to-even by the fp32 magic-number trick `(v + 1.5*2**23) - 1.5*2**23`,
-exact for |v| < 2**22 (here |v| <= 127 * (1 + 2**-23)). libdevice `rint` would do on a GPU but the
+exact for |v| < 2**22 (here |v| <= 127 * (1 + 2**-23)). NaN is explicit (a NaN row's scale is NaN, a
+NaN quotient is code 0), since the GPU's max and fmax drop NaN where the interpreter's NumPy keeps it.
+libdevice `rint` would do on a GPU but the
 interpreter has no binding for it, so one code path serves both and CI tests the one the GPU runs.
 """
 
@@ -33,8 +35,12 @@ def _dynamic_quant_int8_kernel(x_ptr, xq_ptr, scale_ptr, M, K, stride_xm, stride
         kk = k0 + rk
         mask = mask_m[:, None] & (kk < K)[None, :]
         x = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk, mask=mask, other=0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-    scale = tl.math.div_rn(tl.maximum(amax, 1e-10), 127.0)                  # [BLOCK_M] fp32
+        xf = x.to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.abs(xf), axis=1), propagate_nan=tl.PropagateNan.ALL)
+        # max reductions and fmax drop NaN on the GPU: a NaN anywhere in the row makes its scale NaN
+        nan_seen = tl.max(tl.where(xf != xf, 1.0, 0.0), axis=1)
+        amax = tl.where(nan_seen > 0.0, float("nan"), amax)
+    scale = tl.math.div_rn(tl.maximum(amax, 1e-10, propagate_nan=tl.PropagateNan.ALL), 127.0)  # [BLOCK_M]
     tl.store(scale_ptr + rm, scale, mask=mask_m)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
@@ -42,7 +48,7 @@ def _dynamic_quant_int8_kernel(x_ptr, xq_ptr, scale_ptr, M, K, stride_xm, stride
         x = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk, mask=mask, other=0.0)
         q = tl.math.div_rn(x.to(tl.float32), scale[:, None])
         q = (q + _RNE_MAGIC) - _RNE_MAGIC                                    # round half to even
-        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+        q = tl.where(q != q, 0.0, tl.minimum(tl.maximum(q, -127.0), 127.0))   # a NaN quotient is code 0
         tl.store(xq_ptr + rm64[:, None] * stride_qm + kk[None, :], q.to(tl.int8), mask=mask)
 
 

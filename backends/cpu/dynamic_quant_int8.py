@@ -24,7 +24,7 @@ def dynamic_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         amax = torch.maximum(hi, lo.neg())
     scale = amax.clamp_min(1e-10) / 127
     q = xf / scale[:, None]
-    return q.round_().clamp_(-127, 127).to(torch.int8), scale
+    return q.round_().clamp_(-127, 127).nan_to_num_(nan=0.0).to(torch.int8), scale
 
 
 IMPL = OpImpl(dynamic_quant_int8, OpCaps(FLOATS, run_to_run=True, batch_invariant=True))

@@ -1,7 +1,7 @@
 """Per-row symmetric dynamic int8 quantization (SPEC 2.5; vLLM int8, torch_npu npu_dynamic_quant).
 
 scale = max(amax_row, 1e-10) / 127
-x_q   = clamp(round_half_even(x / scale), -127, 127)
+x_q   = clamp(round_half_even(x / scale), -127, 127), 0 where x / scale is NaN
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from backends.ops import FLOATS
 def dynamic_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xf = x.float()  # [M, K]
     scale = xf.abs().amax(dim=1).clamp_min(1e-10) / 127  # [M] fp32
-    x_q = torch.round(xf / scale[:, None]).clamp(-127, 127).to(torch.int8)  # torch.round is half-to-even
+    q = torch.round(xf / scale[:, None]).clamp(-127, 127)  # torch.round is half-to-even
+    x_q = q.nan_to_num(nan=0.0).to(torch.int8)  # a NaN quotient is code 0 (a float->int cast of NaN is UB)
     return x_q, scale
 
 
