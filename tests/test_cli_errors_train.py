@@ -174,3 +174,18 @@ def _dead_pid() -> int:
 
     return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True).stdout)
+
+
+@pytest.mark.parametrize(
+    "extra, hint",
+    [
+        (["--seq-len", "100000000"], "'--seq-len'"),
+        (["--seq-len", "5000"], "max_position_embeddings=4096"),
+        (["--stage", "rl", "--prompt-len", "4000", "--response-len", "200"], "'--response-len'"),
+    ],
+)
+def test_sequences_past_the_models_positions_are_refused_before_building(tmp_path, extra, hint):
+    res = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "o"), *ARGS, "--steps", "1", *extra])
+    _one_error(res, 2, hint)
+    assert not (tmp_path / "o").exists()
+

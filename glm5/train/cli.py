@@ -14,6 +14,7 @@ from glm5 import fsio
 from glm5.cli_args import (
     MODEL_DEFAULT_BACKEND,
     backend_choice,
+    check_positions,
     check_preset,
     check_preset_fits,
     model_option,
@@ -37,6 +38,17 @@ class _FiniteFloat(click.FloatRange):
 
 
 _POS_FLOAT = _FiniteFloat(min=0, min_open=True)
+
+
+def _check_sequence_fits(model_path: Path | None, preset: str, tokens: int, hint: str) -> None:
+    """Refuse sequences past the model's max_position_embeddings before anything is built (an unbounded
+    --seq-len ran out of memory or failed deep inside the data loader)."""
+    from glm5.config import GLM5Config
+
+    with one_line_errors("'--model'" if model_path is not None else "'--config'"):
+        config = (GLM5Config.from_json(Path(model_path) / "config.json") if model_path is not None
+                  else GLM5Config.from_preset(preset))
+    check_positions(config, tokens, hint, "a training sequence")
 
 
 def _run_dir(out: str, resume: bool) -> Path:
@@ -204,13 +216,17 @@ def train(
             temperature=temperature,
             rollout_precision=rollout_precision,
         )
+    if not resume:  # a resumed run keeps its saved options (checked against them below)
+        _check_sequence_fits(model_path, preset, seq_len if stage != "rl" else prompt_len + response_len,
+                             "'--seq-len'" if stage != "rl" else "'--prompt-len' + '--response-len'")
     out = _run_dir(out, resume)
     with one_writer(out, out / ".lock"):  # inside the run directory: its parent may not be ours
         fsio.recover(out / "checkpoints")  # a checkpoint a killed save set aside is put back first
         if resume:
             _check_resume_options(cfg, out)
         try:
-            trainer = Trainer(cfg, out, resume=resume)
+            with one_line_errors():  # e.g. a held-out split too small for the asked windows
+                trainer = Trainer(cfg, out, resume=resume)
         except RunExists as exc:
             raise click.BadParameter(str(exc), param_hint="'--out'") from None
         except NothingToResume as exc:
