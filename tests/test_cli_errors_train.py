@@ -189,3 +189,13 @@ def test_sequences_past_the_models_positions_are_refused_before_building(tmp_pat
     _one_error(res, 2, hint)
     assert not (tmp_path / "o").exists()
 
+
+
+@pytest.mark.parametrize("name", ["optimizer.safetensors", "rng.safetensors", "optimizer.json"])
+def test_resume_from_a_broken_trainer_file_is_one_line_naming_it(run3, tmp_path, name):
+    out = tmp_path / "run"
+    shutil.copytree(run3, out, symlinks=True)
+    f = latest_checkpoint(out / "checkpoints") / "trainer" / name
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    res = _train(out, "--resume", "--steps", "4")
+    _one_error(res, 2, name)

@@ -225,14 +225,15 @@ def train(
         if resume:
             _check_resume_options(cfg, out)
         try:
-            with one_line_errors():  # e.g. a held-out split too small for the asked windows
-                trainer = Trainer(cfg, out, resume=resume)
+            trainer = Trainer(cfg, out, resume=resume)
         except RunExists as exc:
             raise click.BadParameter(str(exc), param_hint="'--out'") from None
         except NothingToResume as exc:
             raise click.BadParameter(str(exc), param_hint="'--resume'") from None
         except StepsDone as exc:
             raise click.BadParameter(str(exc), param_hint="'--steps'") from None
+        except ValueError as exc:  # e.g. a held-out split too small for the asked windows
+            raise click.UsageError((str(exc).splitlines() or [type(exc).__name__])[0]) from None
         try:
             with one_line_errors():
                 summary = trainer.run(progress=not quiet)

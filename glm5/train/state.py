@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from glm5 import fsio
+from glm5.checkpoint import open_tensors, read_json
 
 LATEST = "latest"
 TRAINER = "trainer"
@@ -143,15 +143,21 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
 
 
 def load_trainer_state(path: Path) -> dict:
-    return json.loads((path / TRAINER / "trainer_state.json").read_text())
+    return read_json(path / TRAINER, "trainer_state.json")
+
+
+def _read_tensors(f: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors file `f`; a broken file is one line naming it (BadCheckpointFile)."""
+    with open_tensors(f) as h:
+        return {k: h.get_tensor(k) for k in h.keys()}
 
 
 def load_into(path: Path, optimizers: list[torch.optim.Optimizer]) -> None:
     """Restore optimizer states and RNG states from checkpoint `path` (the model is loaded separately)."""
-    tensors = load_file(path / TRAINER / "optimizer.safetensors")
-    meta = json.loads((path / TRAINER / "optimizer.json").read_text())["optimizers"]
+    tensors = _read_tensors(path / TRAINER / "optimizer.safetensors")
+    meta = read_json(path / TRAINER, "optimizer.json")["optimizers"]
     if len(meta) != len(optimizers):
         raise ValueError(f"path: {path} holds {len(meta)} optimizer states, the run has {len(optimizers)}")
     for o, m in zip(optimizers, meta, strict=True):
         o.load_state_dict(_unflatten(m, tensors))
-    set_rng_state(load_file(path / TRAINER / "rng.safetensors"))
+    set_rng_state(_read_tensors(path / TRAINER / "rng.safetensors"))
