@@ -274,25 +274,26 @@ def exit_code(diffs: Sequence[CaseDiff]) -> int:
 def main(names, ops, suite, case_glob, dtypes, json_path, console) -> int:
     """`glm5 conformance --diff`: exactly two backends; exit 2 on bad input, else `exit_code`."""
     import json
+    import sys
 
     import backends
     from backends.errors import BackendUnavailable
     from conformance import cases
 
     if len(names) != 2:
-        console.print(
-            f"error: --diff: expected exactly two --backend names, got {len(names)} ({', '.join(names)})"
-        )
+        print(f"error: --diff: expected exactly two --backend names, got {len(names)} ({', '.join(names)})",
+              file=sys.stderr)
         return 2
     try:
         a, b = (backends.get(n) for n in names)
         selection = cases.select(ops, suite, case_glob, dtypes)
     except (BackendUnavailable, ValueError) as exc:
-        console.print(f"error: {exc}")
+        print(f"error: {(str(exc).splitlines() or [type(exc).__name__])[0]}", file=sys.stderr)
         return 2
     diffs = run(a, b, selection)
     render(a.name, b.name, diffs, console)
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(to_json(a.name, b.name, diffs), f, indent=1, default=str)
+        from conformance.report import write_text_report
+
+        write_text_report(json_path, json.dumps(to_json(a.name, b.name, diffs), indent=1, default=str))
     return exit_code(diffs)

@@ -144,3 +144,20 @@ def test_manifest_skips_are_not_compared(tmp_path, monkeypatch):
     assert [d.status for d in diffs] == ["skipped"]
     assert "fake_rounded manifest skips it: keys rounded to fp16 on purpose" in diffs[0].message
     assert cdiff.exit_code(diffs) == 1  # nothing was compared
+
+
+def test_diff_bad_input_goes_to_stderr_and_its_json_is_replaced_atomically(tmp_path, monkeypatch):
+
+    from glm5 import fsio
+    from glm5.cli import main
+
+    res = CliRunner().invoke(main, ["conformance", "--diff", "--backend", "cpu"])
+    assert res.exit_code == 2 and "exactly two" in res.stderr and "exactly two" not in res.stdout
+    written = []
+    real = fsio.write_text_atomic
+    monkeypatch.setattr(fsio, "write_text_atomic", lambda p, t: (written.append(p), real(p, t)))
+    out = tmp_path / "d.json"
+    res = CliRunner().invoke(main, ["conformance", "--diff", "--backend", "cpu,reference", "--ops", "topk",
+                                    "--suite", "smoke", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert [str(p) for p in written] == [str(out)] and json.loads(out.read_text())["backends"]
