@@ -11,6 +11,7 @@ from backends.validation import (
     FLOAT_DTYPES,
     _check_cache,
     _check_layout,
+    _check_topk_width,
     _shape,
     check_int,
     check_same_device,
@@ -97,7 +98,7 @@ def check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:
 
 def check_fp8_indexer_topk(q, k_cache, k_scale, weights, layout, topk) -> None:
     check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout)
-    check_int("topk", topk, min_value=1)
+    _check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
 
 
 def values_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:
