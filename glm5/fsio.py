@@ -119,23 +119,42 @@ def lock_path(out: str | Path) -> Path:
 
 @contextlib.contextmanager
 def exclusive(lock: str | Path, what: str | Path | None = None) -> Iterator[None]:
-    """Hold an exclusive flock on the file `lock` (created if missing; it stays, empty of meaning, after
-    the block) for the block; OutputBusy at once, naming `what` (default: the lock) and the holder's pid,
-    if another process holds it."""
+    """Hold an exclusive flock on the file `lock` (created if missing, removed when the block ends, so no
+    lock file is left beside a user's output) for the block; OutputBusy at once, naming `what` (default:
+    the lock) and the holder's pid, if another process holds it.
+
+    Removing a lock file is safe only with a check after locking: a process that opened the old file just
+    before its holder removed it would otherwise lock an orphan while a third process locks the new file.
+    So a lock counts only if the path still names the locked file; otherwise it is taken again."""
     lock = Path(lock)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
-    try:
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode())
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
             who = f"pid {holder}" if holder.isdigit() else "pid unknown"
             raise OutputBusy(f"{what or lock} is being written by another process ({who}); wait for it to "
                              "finish or choose another output") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            st = os.stat(lock, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        mine = os.fstat(fd)
+        if st is not None and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+            break
+        os.close(fd)  # an orphan its holder removed while we opened it: lock the file the path names now
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)  # still holding the lock: nobody can have locked this file meanwhile
         os.close(fd)  # releases the lock
 
 

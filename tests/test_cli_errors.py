@@ -64,8 +64,7 @@ def _cases(d):
          "--backend"),
         (["export-onnx", "--model", q, "--out", str(d / "float" / "config.json")], {},
          "--out" if HAS_ONNX else "onnx"),
-        (["export-onnx", "--preset", "nope", "--out", str(d / "x.onnx")], {},
-         "--preset" if HAS_ONNX else "onnx"),
+        (["export-onnx", "--preset", "nope", "--out", str(d / "x.onnx")], {}, "--preset"),  # before onnx
         (["train", "--out", str(d / "new"), "--resume"], {}, "--resume"),
         (["train", "--out", str(d / "new"), "--save-every", "0"], {}, "--save-every"),
         (["train", "--out", str(d / "new"), "--config", "huge"], {}, "--config"),

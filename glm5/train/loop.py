@@ -97,11 +97,11 @@ class TrainConfig:
                 f"steps/batch_size/seq_len: expected >= 1, >= 1, >= 2, got "
                 f"{self.steps}, {self.batch_size}, {self.seq_len}"
             )
-        for name in ("lr", "temperature", "grad_clip"):
+        for name in ("temperature", "grad_clip"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
-        for name in ("min_lr_ratio", "mtp_weight", "kl_weight", "weight_decay", "balance_gamma"):
+        for name in ("lr", "min_lr_ratio", "mtp_weight", "kl_weight", "weight_decay", "balance_gamma"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")

@@ -20,7 +20,10 @@ BACKENDS = ["reference", "cpu", "onnxruntime"]
 
 @pytest.fixture(params=BACKENDS)
 def be(request, monkeypatch):
-    b = backends.get(request.param)
+    try:
+        b = backends.get(request.param)
+    except backends.BackendUnavailable as exc:  # onnxruntime runs in its own tox env
+        pytest.skip(str(exc).splitlines()[0])
     monkeypatch.setattr(b, "validate_values", False)  # the hot path, whatever GLM5_VALIDATE says here
     return b
 

@@ -51,6 +51,30 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
                 pass
     with fsio.exclusive(lock, out):  # released at the end of the block
         pass
+    assert not lock.exists()  # and no lock file is left beside the user's output
+
+
+def test_a_lock_taken_on_a_removed_lock_file_is_taken_again_on_the_current_one(tmp_path, monkeypatch):
+    """A process that opened the lock file just before its holder removed it must not count a lock on
+    that orphan: the path then names another file, which a third process may hold."""
+    lock = tmp_path / ".run.lock"
+    real_open, opened = os.open, []
+
+    def open_then_holder_finishes(path, *args):
+        fd = real_open(path, *args)
+        if not opened:  # the first open got the holder's file; the holder removes it and a new one appears
+            os.unlink(path)
+            lock.write_text("")
+        opened.append(fd)
+        return fd
+
+    monkeypatch.setattr(fsio.os, "open", open_then_holder_finishes)
+    with fsio.exclusive(lock, tmp_path / "run"):
+        assert len(opened) == 2  # locked again, on the file the path names now
+        monkeypatch.setattr(fsio.os, "open", real_open)
+        with pytest.raises(fsio.OutputBusy):
+            with fsio.exclusive(lock, tmp_path / "run"):
+                pass
 
 
 # a writer on a filesystem without RENAME_EXCHANGE, killed (SIGKILL) just before its Nth rename
@@ -212,7 +236,7 @@ def test_quantize_full_disk_is_one_line_and_leaves_out_as_it_was(float_ckpt, tmp
     monkeypatch.setattr(safetensors.torch, "save_file", full)
     _one_error(_fp8(float_ckpt, out, "--overwrite"), 1, "No space left on device", "part-00002")
     assert sorted((p.name, p.stat().st_size) for p in out.iterdir()) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".q.lock", "q"]  # no staging left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]  # no staging (nor lock file) left
 
 
 def test_quantize_puts_back_an_out_a_killed_overwrite_set_aside(float_ckpt, tmp_path):
