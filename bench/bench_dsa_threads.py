@@ -7,7 +7,8 @@ one thread, on the machine as it is and under a background load this script star
   sdpa       dense attention over the same causal pairs, torch scaled_dot_product_attention (flash CPU
              kernel) with the same absorbed shapes (bench_attention_prefill.py's run_sdpa).
 
-Each phase ("idle": nothing added; "loaded": --load processes spinning one core each) times the six
+Each phase ("idle": nothing added; "loaded": --load processes spinning one core each; "loaded-torch": one
+torch process of small ops on torch's default threads, whose OpenMP threads compete) times the six
 (variant, threads) pairs interleaved, one call of each per round, medians of --runs rounds. Ratios are
 against baselines of the same phase: default threads / one thread (above 1: default threads lose), and
 sdpa / dsa (DSA's speed-up). "idle" means nothing added by this script: on a shared machine the load1
@@ -36,12 +37,21 @@ from bench.bench_attention_prefill import SM_SCALE, _layout, inputs, run_dsa, ru
 H, H_I, TOPK = 64, 32, 2048  # GLM-5
 
 
+#: the background loads: a Python loop per core, or one torch job of small ops on torch's default threads
+#: (another user's training, a test run: OpenMP threads that spin at every region's barrier, the load under
+#: which default threads lost 4x)
+LOADS = {
+    "spin": "while True: pass",
+    "torch": "import torch\na = torch.randn(192, 192)\nwhile True: (a @ a).relu_().sum()",
+}
+
+
 @contextmanager
-def spinners(n: int):
-    """n processes spinning one core each while the block runs; stopped (by their pids) after it."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+def spinners(n: int, kind: str = "spin"):
+    """n background processes of `kind` (LOADS) while the block runs; stopped (by their pids) after it."""
+    procs = [subprocess.Popen([sys.executable, "-c", LOADS[kind]]) for _ in range(n)]
     try:
-        time.sleep(1.0)  # let them reach the run queue
+        time.sleep(1.0 if kind == "spin" else 4.0)  # let them reach the run queue (torch: past its import)
         yield
     finally:
         for p in procs:
@@ -136,6 +146,8 @@ def main() -> None:
     emit(phase("idle", 0, x, be, default, a.runs), a.json)
     with spinners(spin):
         emit(phase("loaded", spin, x, be, default, a.runs), a.json)
+    with spinners(1, "torch"):
+        emit(phase("loaded-torch", 1, x, be, default, a.runs), a.json)
 
 
 if __name__ == "__main__":

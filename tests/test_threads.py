@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from backends import SeqLayout
+from backends import SeqLayout, intra_op
 from backends.cpu import _parallel
 from backends.cpu import sparse_mla_attention as cpu_attn
 from glm5 import threads
@@ -77,7 +77,7 @@ def test_before_torch_loads_the_policy_goes_through_the_environment(no_user_env,
 
 
 def test_one_thread_restores_the_callers_count_also_after_an_error(two_threads):
-    with pytest.raises(RuntimeError), _parallel.one_thread():
+    with pytest.raises(RuntimeError), intra_op.one_thread():
         assert torch.get_num_threads() == 1
         raise RuntimeError("boom")
     assert torch.get_num_threads() == 2
@@ -126,7 +126,7 @@ def _attention_inputs(t=13, s=300, h=4, n=70, seed=0):
 def test_cpu_attention_blocks_run_one_thread_and_match_the_one_thread_bits(two_threads, monkeypatch):
     q, kv, idx, layout = _attention_inputs()
     monkeypatch.setattr(cpu_attn, "GATHER_ELEMS", 3 * 70 * 72)  # 3 queries a block: 5 blocks
-    with _parallel.one_thread():
+    with intra_op.one_thread():
         want = cpu_attn.sparse_mla_attention(q, kv, idx, layout, 0.1, 64)
     seen = []
     block = cpu_attn._Workspace.block
@@ -157,7 +157,7 @@ def test_cpu_attention_through_autograd_on_two_threads_matches_one_thread(two_th
     args = _attention_inputs()
     monkeypatch.setattr(cpu_attn, "GATHER_ELEMS", 3 * 70 * 72)
     got = _cpu_attention_grads(*args)
-    with _parallel.one_thread():
+    with intra_op.one_thread():
         want = _cpu_attention_grads(*args)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
@@ -167,6 +167,6 @@ def test_cpu_attention_in_inference_mode_on_two_threads(two_threads, monkeypatch
     monkeypatch.setattr(cpu_attn, "GATHER_ELEMS", 3 * 70 * 72)
     with torch.inference_mode():
         got = cpu_attn.sparse_mla_attention(q, kv, idx, layout, 0.1, 64)
-    with _parallel.one_thread():
+    with intra_op.one_thread():
         want = cpu_attn.sparse_mla_attention(q, kv, idx, layout, 0.1, 64)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

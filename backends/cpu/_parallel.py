@@ -15,10 +15,11 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import TypeVar
 
 import torch
+
+from backends.intra_op import one_thread
 
 T = TypeVar("T")
 
@@ -26,19 +27,6 @@ _pool: ThreadPoolExecutor | None = None
 _pool_key: tuple[int, int] = (0, 0)  # (pid, workers): a forked child or a larger count gets a new pool
 _busy = threading.Lock()  # one op at a time spreads over the pool; a concurrent caller runs inline
 _END = object()
-
-
-@contextmanager
-def one_thread():
-    """torch runs one intra-op thread inside the block; the caller's count is restored after it."""
-    n = torch.get_num_threads()
-    if n != 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if n != 1:
-            torch.set_num_threads(n)
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:

@@ -18,6 +18,7 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.cpu._cache import causal_counts, keys_of_request
+from backends.cpu._parallel import run_blocks
 from backends.cpu._select import order_key, rule_order
 from backends.cpu._workspace import buffer
 from backends.cpu.topk import topk as select_topk
@@ -164,21 +165,28 @@ def indexer_topk(
     q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, layout: SeqLayout, topk: int
 ) -> torch.Tensor:
     """Inputs as indexer_logits. Returns int32 [T, topk] logical positions in the rule's order, -1 past
-    the causal keys. Semantics: backends/reference/indexer_topk.py (SPEC 2.2)
+    the causal keys. Query blocks are spread over torch's thread count, each on one intra-op thread
+    (backends/cpu/_parallel.py); the scores are one-thread calls either way, so the bits do not change.
+    Semantics: backends/reference/indexer_topk.py (SPEC 2.2)
     """
     out = torch.full((q.shape[0], topk), -1, dtype=torch.int32)
-    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
-        if q1 == q0 or s == 0:
-            continue
-        keys = keys_of_request(k_cache, layout, b, s)
-        visible = causal_counts(q1 - q0, s)
-        for a in range(q0, q1, QUERY_BLOCK):
-            z = min(a + QUERY_BLOCK, q1)
-            vis = visible[a - q0 : z - q0]
-            if (z - a) * s <= DIRECT_ELEMS:
-                out[a:z] = _direct_topk(q[a:z], keys, weights[a:z], vis, topk)
-            else:
-                out[a:z] = _block_topk(q[a:z], keys, weights[a:z], vis, topk)
+
+    def blocks():
+        for b, (q0, q1, s) in enumerate(layout.request_bounds()):
+            if q1 == q0 or s == 0:
+                continue
+            keys = keys_of_request(k_cache, layout, b, s)
+            visible = causal_counts(q1 - q0, s)
+            for a in range(q0, q1, QUERY_BLOCK):
+                z = min(a + QUERY_BLOCK, q1)
+                yield a, z, keys, visible[a - q0 : z - q0]
+
+    def select(block) -> None:
+        a, z, keys, vis = block
+        pick = _direct_topk if (z - a) * keys.shape[0] <= DIRECT_ELEMS else _block_topk
+        out[a:z] = pick(q[a:z], keys, weights[a:z], vis, topk)
+
+    run_blocks(select, blocks())
     return out
 
 

@@ -20,6 +20,7 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.intra_op import one_thread
 from backends.layout import SeqLayout
 from backends.ops import FP8
 from backends.reference._cache import causal_counts, keys_of_request
@@ -29,9 +30,11 @@ _BLOCK_ELEMS = 1 << 24
 
 
 def fp8_score_block(q: torch.Tensor, keys: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor):
-    """q e4m3 [tq, H_I, D_I], keys e4m3 [s, D_I], k_scale [s], weights [tq, H_I] -> fp32 [tq, s], no mask."""
-    dots = torch.einsum("thd,sd->ths", q.double(), keys.double())  # exact
-    return (torch.einsum("ths,th->ts", torch.relu(dots), weights.double()) * k_scale.double()).float()
+    """q e4m3 [tq, H_I, D_I], keys e4m3 [s, D_I], k_scale [s], weights [tq, H_I] -> fp32 [tq, s], no mask.
+    On one intra-op thread: the fp64 head sum is not exact, so its bits must not follow the thread count."""
+    with one_thread():
+        dots = torch.einsum("thd,sd->ths", q.double(), keys.double())  # exact
+        return (torch.einsum("ths,th->ts", torch.relu(dots), weights.double()) * k_scale.double()).float()
 
 
 @reference_op("fp8_indexer_logits")

@@ -12,6 +12,7 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.intra_op import one_thread
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
 from backends.reference._cache import causal_counts, keys_of_request
@@ -31,15 +32,17 @@ def score_block(
 
     The one place these logits are computed on the CPU: every implementation that claims the reference's
     bits (the cpu backend's indexer top-k) calls this function on the same block shapes, because a BLAS
-    sums in an order of its own that differs between CPUs (AVX2, AVX-512, AMX; Intel and AMD) and between
-    call shapes, so only the same call is the same sum. `dots` [tq * H_I, s] and `out` [tq, 1, s] are
-    optional preallocated buffers (same calls, same bits, fewer page faults).
+    sums in an order of its own that differs between CPUs (AVX2, AVX-512, AMX; Intel and AMD), call
+    shapes and thread counts, so only the same call is the same sum; it runs on one intra-op thread, so
+    the caller's thread count does not enter. `dots` [tq * H_I, s] and `out` [tq, 1, s] are optional
+    preallocated buffers (same calls, same bits, fewer page faults).
     """
     tq, h, d = q.shape
-    dots = torch.mm(q.float().reshape(tq * h, d), keys.float().T, out=dots)  # [tq * H_I, s]
-    dots.relu_()
-    w = weights.float()[:, None, :]  # [tq, 1, H_I]
-    return torch.bmm(w, dots.view(tq, h, -1), out=out)[:, 0]  # sum_h w[t, h] * relu(dot)
+    with one_thread():
+        dots = torch.mm(q.float().reshape(tq * h, d), keys.float().T, out=dots)  # [tq * H_I, s]
+        dots.relu_()
+        w = weights.float()[:, None, :]  # [tq, 1, H_I]
+        return torch.bmm(w, dots.view(tq, h, -1), out=out)[:, 0]  # sum_h w[t, h] * relu(dot)
 
 
 @reference_op("indexer_logits")

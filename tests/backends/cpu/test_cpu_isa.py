@@ -113,3 +113,18 @@ def test_exact_conformance_cases_under_each_isa(tmp_path, level):
     capability = data["environment"]["cpu"]["cpu_capability"]
     if level != "native":
         assert capability.lower() == ISA_LEVELS[level]["ATEN_CPU_CAPABILITY"].lower()
+
+
+def test_indexer_topk_bits_do_not_follow_the_thread_count(cpu, ref):
+    """The scores run on one intra-op thread inside the reference's function, so the cpu backend spreading
+    query blocks over threads, and the reference at any thread count, give the same order."""
+    q, cache, w, lay = _glm5_width_inputs(14, [4, 4, 140, 3], [4500, 5000, 4200, 2100], 64)
+    n = torch.get_num_threads()
+    try:
+        got = {}
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got[threads] = cpu.indexer_topk(q, cache, w, lay, 2048), ref.indexer_topk(q, cache, w, lay, 2048)
+    finally:
+        torch.set_num_threads(n)
+    assert all(torch.equal(got[1][0], x) for pair in got.values() for x in pair)
