@@ -62,30 +62,50 @@ class Recipe:
         if not p.is_file():
             known = sorted(q.stem for q in RECIPE_DIR.glob("*.yaml"))
             raise ValueError(f"recipe: expected one of {known} or a YAML path, got {str(name_or_path)!r}")
-        return cls.from_dict(yaml.safe_load(p.read_text()) or {}, group_size)
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ValueError(f"recipe: {p} is not a readable YAML file ({first})") from None
+        return cls.from_dict(data or {}, group_size)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], group_size: int | None = None) -> Recipe:
+    def from_dict(cls, d: Any, group_size: int | None = None) -> Recipe:
+        """A recipe from its parsed YAML; every field of the wrong type or value is a ValueError naming it."""
+        if not isinstance(d, dict):
+            raise ValueError(f"recipe: expected a YAML mapping (name, rules, ...), got {_kind(d)}")
         rules = []
-        for i, r in enumerate(d.get("rules") or []):
+        for i, r in enumerate(_list(d, "rules", dict, "a mapping (name, scheme, targets, exclude)")):
             scheme = r.get("scheme")
             if scheme not in SCHEMES:
                 raise ValueError(f"rules[{i}].scheme: expected one of {list(SCHEMES)}, got {scheme!r}")
-            gs = int(r.get("group_size", 0))
+            gs = r.get("group_size", 0)
+            if isinstance(gs, bool) or not isinstance(gs, int) or gs < 0:
+                raise ValueError(f"rules[{i}].group_size: expected an int >= 0, got {gs!r}")
             if scheme == W4A8 and group_size is not None:
                 gs = group_size
             if scheme == W8A8 and gs:
                 raise ValueError(f"rules[{i}].group_size: W8A8_DYNAMIC is per channel (0), got {gs}")
-            targets = tuple(r.get("targets") or ())
+            targets = tuple(_list(r, "targets", str, "a pattern string", f"rules[{i}]."))
             if not targets:
                 raise ValueError(f"rules[{i}].targets: expected at least one pattern, got {targets!r}")
-            exclude = tuple(r.get("exclude") or ())
-            rules.append(Rule(r.get("name", f"rule{i}"), Scheme(scheme, gs), targets, exclude))
+            exclude = tuple(_list(r, "exclude", str, "a pattern string", f"rules[{i}]."))
+            name = r.get("name", f"rule{i}")
+            if not isinstance(name, str):
+                raise ValueError(f"rules[{i}].name: expected a string, got {name!r}")
+            rules.append(Rule(name, Scheme(scheme, gs), targets, exclude))
         conv = d.get("convention", "qmax")
         if conv not in ("qmax", "half_range"):
             raise ValueError(f"convention: expected 'qmax' or 'half_range', got {conv!r}")
-        return cls(d.get("name", "?"), rules, tuple(d.get("keep_float") or ()), conv,
-                   dict(d.get("calibration") or {}), d.get("description", ""))
+        calibration = d.get("calibration") or {}
+        if not isinstance(calibration, dict):
+            raise ValueError(f"calibration: expected a mapping, got {_kind(calibration)}")
+        name, description = d.get("name", "?"), d.get("description", "")
+        for field_name, value in (("name", name), ("description", description)):
+            if not isinstance(value, str):
+                raise ValueError(f"{field_name}: expected a string, got {value!r}")
+        keep = tuple(_list(d, "keep_float", str, "a pattern string"))
+        return cls(name, rules, keep, conv, dict(calibration), description)
 
     # -- assignment ------------------------------------------------------------------------------
     def scheme_for(self, module: str, mtp_layers: list[int]) -> Scheme | None:
@@ -116,6 +136,22 @@ def _match(name: str, patterns: tuple[str, ...], mtp_layers: list[int]) -> bool:
         if any(fnmatchcase(name, e) for e in expanded):
             return True
     return False
+
+
+def _kind(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def _list(d: dict, key: str, item: type, what: str, where: str = "") -> list:
+    """d[key] as a list whose items are all `item` (absent or null: []); ValueError naming the field."""
+    value = d.get(key) or []
+    if not isinstance(value, list):
+        raise ValueError(f"{where}{key}: expected a list, got {_kind(value)}")
+    for j, v in enumerate(value):
+        if not isinstance(v, item):
+            raise ValueError(f"{where}{key}[{j}]: expected {what}, got {_kind(v)}")
+    return value
 
 
 def available() -> list[str]:

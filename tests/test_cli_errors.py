@@ -40,6 +40,7 @@ def dirs(tmp_path_factory):
     (root / "run" / "checkpoints" / "latest").symlink_to("step-000002")
     (root / "run" / "metrics.jsonl").write_text(json.dumps({"step": 2}) + "\n")
     (root / "empty").mkdir()
+    (root / "int_rules.yaml").write_text("name: x\nrules: [5, 6]\n")
     return root
 
 
@@ -60,6 +61,8 @@ def _cases(d):
         (["quantize", "--model", q, "--format", "compressed-tensors", "--out", str(d / "q2")], {}, "--model"),
         (["quantize", "--model", f, "--format", "modelslim", "--out", f], {}, "--out"),
         (["quantize", "--model", f, "--out", str(d / "q3")], {}, "--format"),
+        (["quantize", "--model", f, "--recipe", str(d / "int_rules.yaml"), "--format", "compressed-tensors",
+          "--out", str(d / "q5")], {}, "--recipe"),
         (["quantize", "--model", f, "--format", "modelslim", "--out", str(d / "q4"), "--backend", "x"], {},
          "--backend"),
         (["export-onnx", "--model", q, "--out", str(d / "float" / "config.json")], {},

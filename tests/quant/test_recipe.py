@@ -70,3 +70,23 @@ def test_glm5_744b_plan_matches_the_published_recipe():
     assert plan["model.layers.0.mlp.down_proj"].name == W8A8
     assert plan["model.layers.77.mlp.shared_experts.up_proj"].name == W8A8
     assert "model.layers.5.self_attn.kv_b_proj" not in plan and "model.layers.5.mlp.gate" not in plan
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("rules: 5\n", "rules: expected a list"),
+        ("rules: [5, 6]\n", "rules[0]: expected a mapping"),
+        ("rules: [{name: a, scheme: W8A8_DYNAMIC, targets: 5}]\n", "rules[0].targets: expected a list"),
+        ("rules: [{name: a, scheme: W8A8_DYNAMIC, targets: [3]}]\n", "rules[0].targets[0]: expected a"),
+        ("rules: [{scheme: W4A8_DYNAMIC, targets: ['*'], group_size: x}]\n", "rules[0].group_size"),
+        ("keep_float: 3\nrules: []\n", "keep_float: expected a list"),
+        ("calibration: 3\n", "calibration: expected a mapping"),
+        ("- 1\n", "expected a YAML mapping"),
+        ("rules: [\n", "not a readable YAML file"),
+    ],
+)
+def test_a_recipe_file_of_the_wrong_shape_is_one_error_naming_the_field(tmp_path, text, field):
+    (tmp_path / "r.yaml").write_text(text)
+    with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        Recipe.load(tmp_path / "r.yaml")
