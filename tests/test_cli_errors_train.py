@@ -56,7 +56,7 @@ def test_resume_with_steps_already_done_is_refused_and_the_summary_stays_true(ru
     assert (out / "metrics.jsonl").read_text() == metrics
 
 
-def test_out_that_is_not_a_run_of_ours_or_empty_or_unmakeable_is_one_line(tmp_path):
+def test_out_that_is_not_a_run_of_ours_or_empty_or_unmakeable_is_one_line(tmp_path, monkeypatch):
     foreign = tmp_path / "notes"
     foreign.mkdir()
     (foreign / "todo.txt").write_text("mine\n")
@@ -72,10 +72,18 @@ def test_out_that_is_not_a_run_of_ours_or_empty_or_unmakeable_is_one_line(tmp_pa
     (tmp_path / "loop").symlink_to("loop")
     _one_error(_train(tmp_path / "loop", "--steps", "1"), 2, "'--out'")
     _one_error(_train(tmp_path / ("x" * 300), "--steps", "1"), 2, "'--out'", "File name too long")
-    if os.geteuid() != 0:  # root writes anywhere
-        ro = tmp_path / "ro"
-        ro.mkdir(mode=0o500)
-        _one_error(_train(ro / "run", "--steps", "1"), 2, "'--out'", "Permission denied")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    if os.geteuid() == 0:  # root writes anywhere: the kernel's refusal, as a user would get it
+        real_mkdir = os.mkdir
+
+        def refused(path, *args, **kwargs):
+            if str(path).startswith(str(ro)):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_mkdir(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "mkdir", refused)
+    _one_error(_train(ro / "run", "--steps", "1"), 2, "'--out'", "Permission denied")
 
 
 @pytest.mark.parametrize("option, value", [("--lr", "inf"), ("--lr", "nan"), ("--lr", "0"), ("--lr", "-1"),
