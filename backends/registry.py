@@ -107,6 +107,26 @@ def _entries() -> dict[str, _Entry]:
     return _cache
 
 
+def _entry(name: str) -> _Entry | None:
+    """The entry called `name`, building only that backend (never the others: on an Atlas host building
+    `ascend` imports torch_npu, which `get("cpu")` must not pay for); None if no backend has that name."""
+    e = _cache.get(name)
+    if e is not None:
+        return e
+    with _lock:  # checked again under the lock: one thread builds, the others get its instance
+        e = _cache.get(name)
+        if e is None:
+            if name in BUILTIN:
+                e = _load_builtin(name)
+            else:
+                ep = next((ep for ep in _plugin_entry_points() if ep.name == name), None)
+                if ep is None:
+                    return None
+                e = _load_plugin(ep)
+            _cache[name] = e
+    return e
+
+
 def refresh() -> None:
     """Forget loaded backends (after installing a plugin in-process, or for tests)."""
     with _lock:
@@ -139,10 +159,10 @@ def get(name: str | None = None) -> Backend:
     """The backend called `name`, else `$GLM5_BACKEND`, else "reference". Raises `BackendUnavailable`
     (with the reason) if it is unknown or cannot run here."""
     name = name or os.environ.get("GLM5_BACKEND") or DEFAULT_BACKEND
-    entries = _entries()
-    if name not in entries:
-        raise BackendUnavailable(f"unknown backend {name!r}; known: {', '.join(entries)}")
-    e = entries[name]
+    e = _entry(name)
+    if e is None:
+        known = [*BUILTIN, *(ep.name for ep in _plugin_entry_points() if ep.name not in BUILTIN)]
+        raise BackendUnavailable(f"unknown backend {name!r}; known: {', '.join(known)}")
     if e.backend is None:
         raise BackendUnavailable(f"backend {name!r} failed to load [{e.source}]: {e.error}")
     ok, reason = e.backend.available()

@@ -93,3 +93,12 @@ def test_onnxruntime_first_use_from_eight_threads_in_a_fresh_process_is_one_inst
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", str(THREADS)]
+
+
+def test_get_builds_only_the_backend_it_names():
+    """`get("cpu")` must not build the others (building `ascend` on an Atlas host imports torch_npu)."""
+    backends.get("cpu")
+    assert set(registry._cache) <= {"cpu", "reference"}
+    with pytest.raises(backends.BackendUnavailable, match="unknown backend 'nope'; known: reference, cpu"):
+        backends.get("nope")
+    assert set(registry._cache) <= {"cpu", "reference"}
