@@ -68,19 +68,36 @@ def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return obj
 
 
+def _accelerator() -> tuple[str, object] | None:
+    """(device type, its torch module) of the machine's accelerator (cuda, npu, xpu, ...), if any: RNG
+    states are saved for whichever one torch_npu or another device plugin registered, not only CUDA."""
+    if not torch.accelerator.is_available():
+        return None
+    kind = torch.accelerator.current_accelerator().type
+    return kind, torch.get_device_module(kind)
+
+
 def rng_state() -> dict[str, torch.Tensor]:
+    """The CPU generator's state and every accelerator device's, as `cpu` and `<type>.<index>`."""
     out = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            out[f"cuda.{i}"] = s
+    acc = _accelerator()
+    if acc is not None:
+        kind, mod = acc
+        for i, s in enumerate(mod.get_rng_state_all()):
+            out[f"{kind}.{i}"] = s
     return out
 
 
 def set_rng_state(states: dict[str, torch.Tensor]) -> None:
+    """Restore what `rng_state` saved; accelerator states are restored on the same accelerator type (a
+    run resumed on another kind of machine continues with that machine's fresh device generators)."""
     torch.set_rng_state(states["cpu"])
-    cuda = [states[k] for k in sorted(states) if k.startswith("cuda.")]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda)
+    acc = _accelerator()
+    if acc is not None:
+        kind, mod = acc
+        saved = sorted((int(k.split(".", 1)[1]), k) for k in states if k.startswith(f"{kind}."))
+        if saved:
+            mod.set_rng_state_all([states[k] for _, k in saved])
 
 
 def save_checkpoint(
