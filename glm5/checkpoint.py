@@ -26,7 +26,9 @@ log = logging.getLogger("glm5")
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-_STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+#: a stacked routed-expert parameter of the model ([E, ...]); groups: the experts module, the projection.
+#: Its checkpoint names are `<group 1>.<e>.<group 2>.weight`, one per expert (every reader and writer).
+STACKED_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: the dtypes a float checkpoint may store (anything else would be cast silently)
 FLOAT_DTYPES = frozenset(_DTYPES.values())
@@ -131,7 +133,7 @@ def _hf_names(model: torch.nn.Module) -> Iterator[tuple[str, str, int | None]]:
     for name, p in model.state_dict(keep_vars=True).items():
         if tied and name == "lm_head.weight":
             continue
-        m = _STACKED.match(name)
+        m = STACKED_EXPERTS.match(name)
         if m:
             for e in range(p.shape[0]):
                 yield f"{m.group(1)}.{e}.{m.group(2)}.weight", name, e

@@ -8,12 +8,12 @@ all experts of one layer must share a scheme).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
+from glm5.checkpoint import STACKED_EXPERTS
 from glm5.moe import Experts
 from quant.gptq import gptq_quantize
 from quant.modules import QuantExperts, QuantLinear
@@ -21,7 +21,6 @@ from quant.quantizers import quantize_weight
 from quant.recipe import FLOAT, Recipe, Scheme
 
 EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
-_STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
 
 
 def mtp_layers(model: nn.Module) -> list[int]:
@@ -61,7 +60,7 @@ def hf_tensor_names(model: nn.Module) -> Iterator[tuple[str, str]]:
     for name, p in model.state_dict(keep_vars=True).items():
         if tied and name == "lm_head.weight":
             continue
-        m = _STACKED.match(name)
+        m = STACKED_EXPERTS.match(name)
         if m:
             for e in range(p.shape[0]):
                 yield f"{m.group(1)}.{e}.{m.group(2)}.weight", f"{m.group(1)}.{e}.{m.group(2)}"

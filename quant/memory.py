@@ -9,17 +9,16 @@ row (kv_lora_rank + qk_rope_head_dim = 576) and, where the layer has an indexer,
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
 
+from glm5.checkpoint import STACKED_EXPERTS
 from glm5.config import GLM5Config
 from quant.apply import plan_model
 from quant.recipe import W4A8, Recipe, Scheme
 
 GIB = 1 << 30
-_STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
 #: name -> (devices, GiB per device). Atlas 800T A3: 16 dies x 64 GB HBM; HGX H200: 8 x 141 GB
 #: (nvidia-smi reports 143771 MiB = 140.4 GiB per H200).
 MACHINES = {"Atlas 800T A3 (16 x 64 GB)": (16, 64.0), "8 x H200 (8 x 141 GB)": (8, 140.4)}
@@ -50,7 +49,7 @@ def weight_bytes(model: torch.nn.Module, plan: dict[str, Scheme]) -> WeightBytes
         if id(p) in seen:
             continue
         seen.add(id(p))
-        m = _STACKED.match(name)
+        m = STACKED_EXPERTS.match(name)
         mod = f"{m.group(1)}.0.{m.group(2)}" if m else name.rsplit(".", 1)[0]
         s = plan.get(mod) if name.endswith(".weight") or m else None
         if s is None:

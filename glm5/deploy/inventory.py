@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from glm5.checkpoint import STACKED_EXPERTS
 from quant.recipe import W4A8, W8A8, Scheme
 
 FORMATS = ("hf", "modelslim", "compressed-tensors", "fp8")
-_STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
 _ROW_SLICED = ("down_proj", "o_proj", "w2")  # msModelSlim scale_bias [N, 16] leaves
 # (pattern over the parameter's module name, role, split); first match wins
 _SHARDING: list[tuple[re.Pattern, str, str]] = [
@@ -192,7 +192,7 @@ def inventory(model: nn.Module, plan: dict[str, Scheme], fmt: str) -> list[Weigh
         if id(p) in seen:  # tied lm_head: stored once
             continue
         seen.add(id(p))
-        m = _STACKED.match(name)
+        m = STACKED_EXPERTS.match(name)
         count, shape = (p.shape[0], tuple(p.shape[1:])) if m else (1, tuple(p.shape))
         wname = f"{m.group(1)}.{{e}}.{m.group(2)}.weight" if m else name
         module = f"{m.group(1)}.0.{m.group(2)}" if m else name.rsplit(".", 1)[0]

@@ -3,7 +3,6 @@ Hugging Face names, writing and reading safetensors shards, and filling a model 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,13 +10,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from glm5.checkpoint import FLOAT_DTYPES, TensorFiles, fit_report, write_shards
+from glm5.checkpoint import FLOAT_DTYPES, STACKED_EXPERTS, TensorFiles, fit_report, write_shards
 from quant.apply import EXPERT_PROJS
 from quant.modules import QuantExperts, QuantLinear
 from quant.recipe import Scheme
 
 INDEX_FILE = "model.safetensors.index.json"
-_STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
 
 
 QuantEntry = tuple[str, Scheme, Callable[[], tuple], nn.Module, "int | None"]
@@ -57,7 +55,7 @@ def float_entries(model: nn.Module, scope: Scope = None) -> Iterator[tuple[str, 
             continue
         if scope is not None and not scope(name.rsplit(".", 1)[0]):
             continue
-        m = _STACKED.match(name)
+        m = STACKED_EXPERTS.match(name)
         if m:
             for e in range(t.shape[0]):
                 yield f"{m.group(1)}.{e}.{m.group(2)}.weight", name, e
