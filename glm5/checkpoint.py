@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -160,6 +161,13 @@ def check_dir(path: str | Path) -> Path:
     NotACheckpoint saying why not; a training run directory gets a hint to its latest checkpoint."""
     path = Path(path)
     if not path.is_dir():
+        target = path.parent / os.readlink(path) if path.is_symlink() else path  # e.g. a dangling `latest`
+        aside = fsio.set_aside(target)
+        if aside:
+            raise NotACheckpoint(
+                f"{path} is not a directory: an interrupted save set the previous copy aside as {aside[0]}; "
+                "the next write to this output (glm5 train --resume, glm5 quantize) puts it back"
+            )
         raise NotACheckpoint(f"{path} is not a directory")
     cfg = path / "config.json"
     if not cfg.exists():

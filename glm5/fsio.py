@@ -244,6 +244,20 @@ def recover(parent: Path) -> list[Path]:
     return restored
 
 
+def set_aside(path: Path) -> list[Path]:
+    """The copies of the directory `path` that a killed writer set aside for a swap (`.NAME.old-*` beside
+    it), newest first: what `recover` would restore. For readers, which only report them."""
+    parent = path.parent
+    if not parent.is_dir():
+        return []
+    found = []
+    for p in parent.iterdir():
+        m = _SET_ASIDE.match(p.name)
+        if m and m["name"] == path.name and m["kind"] == "old" and p.is_dir():
+            found.append(p)
+    return sorted(found, key=lambda p: p.stat().st_ctime, reverse=True)
+
+
 def remove_dir(path: Path) -> None:
     """Delete the directory `path` so that no reader ever sees it half-deleted: it is renamed to a trash
     name first (one step), then deleted; a kill in between leaves the trash for `recover`."""

@@ -147,6 +147,20 @@ def test_recover_restores_the_copy_set_aside_and_drops_trash(tmp_path):
     assert not trash.exists()
 
 
+def test_a_reader_of_a_copy_set_aside_names_it_and_changes_nothing(tmp_path):
+    """Between a killed swap and the next writer, `--model .../latest` names where the copy is."""
+    from glm5.checkpoint import NotACheckpoint, check_dir
+
+    assert _write(tmp_path, "0") == 0
+    assert _write(tmp_path, "1", kill_before=2) != 0  # killed between the two renames
+    (tmp_path / "latest").symlink_to("ckpt")  # as checkpoints/latest names step-N
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for name in ("ckpt", "latest"):
+        with pytest.raises(NotACheckpoint, match=r"set the previous copy aside as .*\.ckpt\.old-"):
+            check_dir(tmp_path / name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # a reader only reports
+
+
 def _dead_pid() -> int:
     p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                        capture_output=True, text=True)
