@@ -25,6 +25,7 @@ import backends
 from backends import Backend, BackendUnavailable
 from glm5.attention import Step
 from glm5.cache import StepSlots
+from glm5.checkpoint import read_config
 from glm5.config import GLM5Config
 from glm5.layers import rope_angles
 from glm5.model import GLM5ForCausalLM
@@ -59,7 +60,7 @@ class Glm5BackendsForCausalLM(nn.Module):
                 f"model: Glm5BackendsForCausalLM reads a local checkpoint directory with config.json, "
                 f"got {mc.model!r} (download it first, e.g. `hf download`)"
             )
-        self.config = GLM5Config.from_json(self.path / "config.json")
+        self.config = GLM5Config.from_dict(read_config(self.path))  # confined to the checkpoint, checked
         self.dtype = mc.dtype
         name = default_backend(current_platform.device_type)
         self.backend: Backend = backends.get(name)
