@@ -162,6 +162,10 @@ def export_onnx(
         check_preset_fits(preset or "tiny", "'--preset'", getattr(torch, dtype))
     # one writer of --out at a time (its lock, .NAME.lock beside it, covers the inlined file too)
     with one_writer(out), Phases("export-onnx", enabled=not quiet) as progress, _exporter_warnings(quiet):
+        for path in [out] + ([inlined] if inline else []):  # again under the lock: another writer may
+            if Path(path).exists() and not overwrite:      # have published it since the check above
+                raise click.BadParameter(f"{path} already exists; pass --overwrite to replace it",
+                                         param_hint="'--out'")
         progress.phase(f"loading {model_path or preset or 'tiny'}")
         with one_line_errors("'--model'"):
             model = _load(preset, model_path, getattr(torch, dtype))

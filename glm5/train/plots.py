@@ -53,6 +53,9 @@ def plot_metrics(metrics: str | Path, png: str | Path, init_eval: float | None =
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     png = Path(png)
-    fig.savefig(png, dpi=100)
+    from glm5 import fsio
+
+    # replaced in one step: a reader (an image viewer refreshing) never sees half a file
+    fsio.write_file_atomically(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     plt.close(fig)
     return png

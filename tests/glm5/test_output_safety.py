@@ -225,6 +225,40 @@ def test_export_onnx_second_writer_is_refused(tmp_path):
     assert not out.exists()
 
 
+def test_export_onnx_checks_out_again_once_it_holds_the_lock(tmp_path, monkeypatch):
+    """Another export may publish --out between the first check and the lock: never replace it."""
+    pytest.importorskip("onnxscript")
+    import glm5.onnx_export.export as export
+
+    out = tmp_path / "m.onnx"
+    real = export.one_writer
+
+    def publish_then_lock(path, *args, **kwargs):
+        out.write_text("another export's model")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(export, "one_writer", publish_then_lock)
+    res = _cli("export-onnx", "--preset", "tiny", "--out", out, "--quiet")
+    _one_error(res, 2, "'--out'", "already exists")
+    assert out.read_text() == "another export's model"
+
+
+def test_loss_plot_is_replaced_in_one_step(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import json
+
+    from glm5.train.plots import plot_metrics
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": i, "loss": 3.0 - i / 10}) + "\n" for i in range(5)))
+    written = []
+    real = fsio.write_file_atomically
+    monkeypatch.setattr(fsio, "write_file_atomically", lambda p, w: (written.append(p), real(p, w)))
+    png = plot_metrics(metrics, tmp_path / "loss.png")
+    assert written == [png] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loss.png", "metrics.jsonl"]
+
+
 def test_quantize_bad_out_paths_are_one_line(float_ckpt, tmp_path):
     (tmp_path / "loop").symlink_to("loop")
     for out, word in (("", "--out"), (tmp_path / "loop", "not a directory"),
