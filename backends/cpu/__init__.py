@@ -5,7 +5,8 @@ reference's), within the contract's tolerances elsewhere. The FP8 ops (SPEC 7) t
 torch (`_fp8.py`), block dots are exact in fp64, so the quantizers, the block / grouped GEMMs and the FP8
 indexer top-k are the reference's bits; FP8 indexer logits and attention are within tolerance. The
 reference stays the oracle: no reference op runs here; only the indexers' block scores are the
-reference's own score functions (the same call is the only way to its bits on every CPU). Which file serves which op: backends/cpu/<op>.py
+reference's own score functions (the same call is the only way to its bits on every CPU). Which file serves
+which op: backends/cpu/<op>.py
 (capabilities next to the function).
 """
 
