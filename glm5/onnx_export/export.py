@@ -150,10 +150,16 @@ def export_onnx(
     if preset is not None and model_path is not None:
         raise click.UsageError("give at most one of --model or --preset")
     inlined = str(Path(out).with_suffix("")) + ".inlined.onnx"
-    for path in [out] + ([inlined] if inline else []):
-        if Path(path).exists() and not overwrite:
-            raise click.BadParameter(f"{path} already exists; pass --overwrite to replace it",
-                                     param_hint="'--out'")
+    outputs = [out] + ([inlined] if inline else [])
+
+    def refuse_existing() -> None:
+        for path in outputs:
+            if Path(path).exists() and not overwrite:
+                raise click.BadParameter(f"{path} already exists; pass --overwrite to replace it",
+                                         param_hint="'--out'")
+
+    refuse_existing()
+    for path in outputs:
         if not Path(path).parent.is_dir():
             raise click.BadParameter(f"{Path(path).parent} is not a directory", param_hint="'--out'")
     if model_path is not None:
@@ -162,10 +168,7 @@ def export_onnx(
         check_preset_fits(preset or "tiny", "'--preset'", getattr(torch, dtype))
     # one writer of --out at a time (its lock, .NAME.lock beside it, covers the inlined file too)
     with one_writer(out), Phases("export-onnx", enabled=not quiet) as progress, _exporter_warnings(quiet):
-        for path in [out] + ([inlined] if inline else []):  # again under the lock: another writer may
-            if Path(path).exists() and not overwrite:      # have published it since the check above
-                raise click.BadParameter(f"{path} already exists; pass --overwrite to replace it",
-                                         param_hint="'--out'")
+        refuse_existing()  # again under the lock: another writer may have published it since
         progress.phase(f"loading {model_path or preset or 'tiny'}")
         with one_line_errors("'--model'"):
             model = _load(preset, model_path, getattr(torch, dtype))

@@ -43,10 +43,11 @@ _POS_FLOAT = _FiniteFloat(min=0, min_open=True)
 def _check_sequence_fits(model_path: Path | None, preset: str, tokens: int, hint: str) -> None:
     """Refuse sequences past the model's max_position_embeddings before anything is built (an unbounded
     --seq-len ran out of memory or failed deep inside the data loader)."""
+    from glm5.checkpoint import read_config
     from glm5.config import GLM5Config
 
     with one_line_errors("'--model'" if model_path is not None else "'--config'"):
-        config = (GLM5Config.from_json(Path(model_path) / "config.json") if model_path is not None
+        config = (GLM5Config.from_dict(read_config(Path(model_path))) if model_path is not None
                   else GLM5Config.from_preset(preset))
     check_positions(config, tokens, hint, "a training sequence")
 
@@ -221,7 +222,9 @@ def train(
                              "'--seq-len'" if stage != "rl" else "'--prompt-len' + '--response-len'")
     out = _run_dir(out, resume)
     with one_writer(out, out / ".lock"):  # inside the run directory: its parent may not be ours
-        fsio.recover(out / "checkpoints")  # a checkpoint a killed save set aside is put back first
+        # a checkpoint a killed save set aside is put back before the resume check reads it (the Trainer
+        # does it too, for library callers)
+        fsio.recover(out / "checkpoints")
         if resume:
             _check_resume_options(cfg, out)
         try:
