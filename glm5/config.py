@@ -180,10 +180,17 @@ class GLM5Config:
 
     @classmethod
     def from_json(cls, path: str | Path) -> GLM5Config:
-        """From a config.json; a bad field is one ValueError line naming the file."""
+        """From a config.json; an unreadable file, one that is not a JSON object, or a bad field is one
+        ValueError line naming the file."""
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except ValueError as exc:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError(f"expected a JSON object (a Hugging Face config.json), got a JSON "
+                                 f"{type(data).__name__}")
+            return cls.from_dict(data)
+        except OSError as exc:
+            raise ValueError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, a bad field
             raise ValueError(f"{path}: {(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
 
     @classmethod

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -74,20 +73,7 @@ def _load_config(name: str) -> Any:
     from glm5.config import GLM5Config
 
     try:
-        if not name.endswith(".json"):
-            return GLM5Config.from_preset(name)
-        try:
-            data = json.loads(Path(name).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ValueError(f"cannot read {name!r}: {exc.strerror}") from None
-        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-            raise ValueError(f"{name!r} is not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError(
-                f"{name!r}: expected a JSON object (a Hugging Face config.json), "
-                f"got a JSON {type(data).__name__}"
-            )
-        return GLM5Config.from_dict(data)
+        return GLM5Config.from_json(name) if name.endswith(".json") else GLM5Config.from_preset(name)
     except _BAD_FILE as exc:
         raise click.BadParameter(str(exc).splitlines()[0], param_hint="'--config'") from None
 
