@@ -228,13 +228,12 @@ def check_outputs(paths: dict[str, str | None]) -> dict[str, str]:
 
 
 def lock_outputs(outputs: dict[str, str], locks: contextlib.ExitStack) -> None:
-    from glm5.fsio import OutputBusy, exclusive, lock_path
+    """Take each report's output lock into `locks` (glm5.cli_args.one_writer: a second writer is one line
+    naming the option)."""
+    from glm5.cli_args import one_writer
 
     for opt, p in outputs.items():
-        try:
-            locks.enter_context(exclusive(lock_path(p), p))
-        except OutputBusy as exc:
-            raise click.BadParameter(str(exc), param_hint=f"'{opt}'") from None
+        locks.enter_context(one_writer(p, hint=f"'{opt}'"))
 
 
 #: the selection field a ValueError names ("field: ...") -> its option
