@@ -20,10 +20,10 @@ import keyword
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from string import Template
 
+from glm5 import fsio
 from glm5.port.example import EXAMPLE_OP, EXAMPLE_OP_NAME
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -140,18 +140,6 @@ def files(name: str) -> dict[str, str]:
     return out
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _escape(root: Path, rel: str) -> str | None:
     """Why writing `root/rel` could land outside `root` (None: it cannot): a symlink at `rel` or at any
     directory between `root` and it (e.g. DIR/glm5_NAME -> elsewhere), or a path resolving outside."""
@@ -192,7 +180,8 @@ def init(name: str, directory: str | Path | None = None, force: bool = False) ->
         for rel, text in content.items():
             if why := _escape(root, rel):  # again, just before writing: a symlink made meanwhile
                 raise PortError(why)
-            _write_atomic(root / rel, text)
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            fsio.write_text_atomic(root / rel, text)
     except BaseException:
         if created:  # leave nothing half-written behind; a directory that was there is left alone
             shutil.rmtree(root, ignore_errors=True)
