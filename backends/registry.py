@@ -94,32 +94,29 @@ def _load_plugin(ep: metadata.EntryPoint) -> _Entry:
 
 
 def _entries() -> dict[str, _Entry]:
-    eps = _plugin_entry_points()
-    if all(n in _cache for n in BUILTIN) and all(ep.name in _cache for ep in eps):
-        return _cache  # every backend built: no lock on the hot path
-    with _lock:  # checked again under the lock: one thread builds, the others get its instance
-        for name in BUILTIN:
-            if name not in _cache:
-                _cache[name] = _load_builtin(name)
-        for ep in eps:
-            if ep.name not in _cache:
-                _cache[ep.name] = _load_plugin(ep)
+    """Every backend, built-in and plugin, built (once: `_entry`)."""
+    for name in BUILTIN:
+        _entry(name)
+    for ep in _plugin_entry_points():
+        if ep.name not in BUILTIN:  # a plugin cannot replace a built-in backend
+            _entry(ep.name, ep)
     return _cache
 
 
-def _entry(name: str) -> _Entry | None:
-    """The entry called `name`, building only that backend (never the others: on an Atlas host building
-    `ascend` imports torch_npu, which `get("cpu")` must not pay for); None if no backend has that name."""
+def _entry(name: str, ep: metadata.EntryPoint | None = None) -> _Entry | None:
+    """The entry called `name` (a plugin's entry point `ep` if the caller has it), building only that
+    backend (never the others: on an Atlas host building `ascend` imports torch_npu, which `get("cpu")`
+    must not pay for); None if no backend has that name."""
     e = _cache.get(name)
     if e is not None:
-        return e
+        return e  # built: no lock on the hot path
     with _lock:  # checked again under the lock: one thread builds, the others get its instance
         e = _cache.get(name)
         if e is None:
             if name in BUILTIN:
                 e = _load_builtin(name)
             else:
-                ep = next((ep for ep in _plugin_entry_points() if ep.name == name), None)
+                ep = ep or next((p for p in _plugin_entry_points() if p.name == name), None)
                 if ep is None:
                     return None
                 e = _load_plugin(ep)
