@@ -32,8 +32,9 @@ from backends.layout import SeqLayout
 from backends.ops import OPS
 from backends.validation import UNCHECKED
 
-#: GLM5_VALIDATE values: "values" runs every value check on every call; "reference" also shadow-checks
-VALIDATE_MODES = ("", "values", "reference")
+#: GLM5_VALIDATE values: "values" runs every value check on every call; "reference" also shadow-checks;
+#: "topk" only checks that tensor-parallel ranks agree on each layer's top-k (glm5/parallel/agreement.py)
+VALIDATE_MODES = ("", "values", "reference", "topk")
 
 
 def validation_mode() -> str:
