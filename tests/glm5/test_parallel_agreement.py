@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 
 from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
-from glm5.parallel.group import Single, TorchGroup
 from glm5.parallel.agreement import TopkAgreement, TopkDisagreement, digest, enabled
+from glm5.parallel.group import Single, TorchGroup
 
 PERTURBED_LAYER = 1  # tiny's pattern is F F S F: layer 1 is a full layer whose top-k layer 2 reuses
 
