@@ -1,0 +1,212 @@
+"""`glm5 train --nproc N --mesh dp=N`: data parallel training on torch.distributed with FSDP2.
+
+- `launch` re-runs the command under torchrun (`torch.distributed.run`), one process per rank; a command
+  already under torchrun (RANK / WORLD_SIZE set) runs as its rank.
+- `Dist.setup` starts the process group (gloo on CPU, nccl on CUDA, hccl on Ascend), builds the
+  DeviceMesh and shards the model with FSDP2 `fully_shard`: every decoder layer its own unit, the MTP
+  layer, embedding, final norm and output head in the root unit (the MTP loss reads `shared_head.norm`
+  and `lm_head.weight` outside any module forward, so they must stay gathered with the root).
+  ZeRO-3 frees each layer's gathered parameters after its forward (reshard_after_forward=True), ZeRO-2
+  keeps them to the backward; gradients and optimizer state are sharded either way.
+- Muon on sharded parameters: `GatheredMuon` all-gathers each momentum matrix, orthogonalises it on
+  every rank and keeps its own shard of the update (`_muon_for_shards` is where a distributed Muon that
+  moves less plugs in). AdamW runs on the shards (DTensor).
+- `DistBalancer`: the aux-loss-free expert bias moves on the expert load summed over every rank.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from glm5.train.dsa import ExpertBalancer
+from glm5.train.mesh import Mesh
+from glm5.train.muon import Muon, build_optimizers
+
+#: set by `launch` for its ranks: the launching process holds the run's lock (pid)
+LOCK_HOLDER_ENV = "GLM5_TRAIN_LOCK_PID"
+ZERO_STAGES = (2, 3)
+_PG_BACKEND = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl", "xpu": "xccl"}
+
+
+def under_torchrun() -> bool:
+    """True in a process torchrun started (it sets RANK and WORLD_SIZE)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launch(argv: list[str], nproc: int) -> int:
+    """Run `glm5 <argv>` on `nproc` local processes under torchrun; the exit code of the first failed
+    rank (0 when every rank succeeded). The caller holds the run's lock; its ranks are told so."""
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    os.environ[LOCK_HOLDER_ENV] = str(os.getpid())
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    args = ["--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", "glm5.cli", *argv]
+    try:
+        run.main(args)
+    except ChildFailedError as exc:
+        codes = [f.exitcode for _, f in sorted(exc.failures.items())]
+        return next((c for c in codes if c), 1)
+    finally:
+        os.environ.pop(LOCK_HOLDER_ENV, None)
+    return 0
+
+
+def lock_held_by_launcher() -> bool:
+    """True in a rank that `launch` started (its parent process) while holding the run's lock."""
+    return under_torchrun() and os.environ.get(LOCK_HOLDER_ENV) == str(os.getppid())
+
+
+def rank() -> int:
+    """This process's global rank (0 outside torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+@dataclass
+class Dist:
+    """One rank of a data-parallel run: the mesh, the FSDP stage and this rank's place in it."""
+
+    mesh: Mesh
+    zero: int
+    device_mesh: DeviceMesh
+    rank: int
+    world: int
+
+    @classmethod
+    def setup(cls, mesh: Mesh, zero: int, device: torch.device) -> Dist:
+        """Join the process group (started by torchrun's environment) and build the dp DeviceMesh."""
+        if zero not in ZERO_STAGES:
+            raise ValueError(f"zero: expected one of {ZERO_STAGES}, got {zero!r}")
+        if not dist.is_initialized():
+            if device.type != "cpu":
+                torch.get_device_module(device.type).set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(_PG_BACKEND.get(device.type, "gloo"))
+        world = dist.get_world_size()
+        if world != mesh.size:
+            raise ValueError(f"mesh: {mesh} covers {mesh.size} processes, the run has {world}")
+        dm = init_device_mesh(device.type, (mesh.dp,), mesh_dim_names=("dp",))
+        return cls(mesh, zero, dm, dist.get_rank(), world)
+
+    @property
+    def is_writer(self) -> bool:
+        """Rank 0 alone writes metrics, the summary and plots."""
+        return self.rank == 0
+
+    def shard(self, model: torch.nn.Module) -> None:
+        """FSDP2 in place: each decoder layer a unit, the rest (MTP layer included) the root unit."""
+        from torch.distributed.fsdp import fully_shard
+
+        reshard = self.zero == 3
+        for layer in model.model.layers[: model.config.num_hidden_layers]:
+            fully_shard(layer, mesh=self.device_mesh, reshard_after_forward=reshard)
+        # the root keeps its parameters gathered after forward: the MTP loss runs after model() returns
+        fully_shard(model, mesh=self.device_mesh, reshard_after_forward=False)
+
+    def local_batch(self, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of the global batch [B, S] (B divides by dp: checked by the CLI / Trainer)."""
+        per = ids.shape[0] // self.mesh.dp
+        return ids[self.rank * per : (self.rank + 1) * per]
+
+    def optimizers(self, model: torch.nn.Module, mode: str, lr: float, weight_decay: float) -> list:
+        """build_optimizers over the sharded parameters, Muon replaced by its sharded form."""
+        opts = build_optimizers(model, mode, lr, weight_decay)
+        return [_muon_for_shards(o) if isinstance(o, Muon) else o for o in opts]
+
+    def balancer(self, model: torch.nn.Module, gamma: float) -> DistBalancer:
+        return DistBalancer(model, gamma)
+
+    def mean(self, value: float) -> float:
+        """The mean over ranks of a per-rank scalar (for the metrics record)."""
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t[0]) / self.world
+
+    def max(self, value: float | None) -> float | None:
+        if value is None:
+            return None
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t[0])
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def full(x: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind a DTensor (a collective: every rank calls it); a plain tensor as is."""
+    return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+def local(x: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor; a plain tensor as is."""
+    return x.to_local() if isinstance(x, DTensor) else x
+
+
+def _like(full_value: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """`full_value` (the same on every rank) laid out as the DTensor `ref`: each rank keeps its own shard,
+    nothing is sent."""
+    if not isinstance(ref, DTensor):
+        return full_value
+    return distribute_tensor(full_value, ref.device_mesh, ref.placements, src_data_rank=None)
+
+
+class GatheredMuon(Muon):
+    """Muon (Split) on FSDP2-sharded parameters, the plain way: the momentum is kept sharded; each update
+    all-gathers the parameter's momentum, orthogonalises the whole matrix (per head / per expert as
+    `Muon.update`) on every rank and keeps this rank's rows. Bitwise the update of the 1-process Muon on
+    the same momentum; it moves every Muon matrix to every rank each step."""
+
+    def update(self, u: torch.Tensor, blk, ns_steps: int) -> torch.Tensor:
+        if not isinstance(u, DTensor):
+            return super().update(u, blk, ns_steps)
+        return _like(super().update(u.full_tensor(), blk, ns_steps), u)
+
+
+def _muon_for_shards(o: Muon) -> torch.optim.Optimizer:
+    """The one place the Muon of a sharded run is made (a distributed Muon that gathers only what it
+    must, glm5/train/muon_dist.py, replaces GatheredMuon here)."""
+    g = o.param_groups[0]
+    return GatheredMuon(
+        [{"params": g["params"], "blocks": g["blocks"]}],
+        lr=g["lr"], momentum=g["momentum"], nesterov=g["nesterov"], weight_decay=g["weight_decay"],
+        ns_steps=g["ns_steps"], ns_dtype=o.ns_dtype,
+    )
+
+
+class DistBalancer(ExpertBalancer):
+    """ExpertBalancer on a sharded model: the bias moves on the load summed over every rank (float64
+    token counts: exact in any order), so every rank and a 1-process run over the same batch agree."""
+
+    @torch.no_grad()
+    def update(self, apply: bool = True) -> float:
+        for load in self.load:
+            dist.all_reduce(load)
+        viol = []
+        for r, load in zip(self.routers, self.load, strict=True):
+            if load.sum() == 0:
+                continue
+            mean = load.mean()
+            viol.append(float(load.max() / mean - 1))
+            if apply and self.gamma:
+                bias = r.e_score_correction_bias
+                sign = torch.sign(mean - load).to(dtype=bias.dtype, device=local(bias).device)
+                bias.add_(self.gamma * _like(sign, bias))
+            load.zero_()
+        return sum(viol) / len(viol) if viol else 0.0
+
+
+def state_bytes(model: torch.nn.Module, optimizers: list) -> int:
+    """Bytes this rank holds of parameters and optimizer state (its shards only)."""
+    n = sum(local(p).numel() * p.element_size() for p in model.parameters())
+    for o in optimizers:
+        for st in o.state.values():
+            n += sum(local(v).numel() * v.element_size() for v in st.values() if isinstance(v, torch.Tensor))
+    return n
+

@@ -1,0 +1,53 @@
+"""`--mesh dp=2,tp=1,ep=1,pp=1`: the parallel layout of a distributed `glm5 train`, parsed and checked
+against the process count before anything starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+AXES = ("dp", "tp", "ep", "pp")
+#: axes this build can run with a size above 1 (tp / ep wait for glm5.parallel.plan, pp for a schedule)
+RUNNABLE = ("dp",)
+
+
+@dataclass(frozen=True)
+class Mesh:
+    dp: int = 1
+    tp: int = 1
+    ep: int = 1
+    pp: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.dp * self.tp * self.ep * self.pp
+
+    def __str__(self) -> str:
+        return ",".join(f"{a}={getattr(self, a)}" for a in AXES)
+
+
+def parse_mesh(text: str) -> Mesh:
+    """'dp=2' or 'dp=2,tp=1,ep=1,pp=1' -> Mesh (axes not named are 1); ValueError in one line otherwise."""
+    sizes: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        name, eq, value = part.partition("=")
+        name = name.strip()
+        if not eq or name not in AXES:
+            raise ValueError(f"expected AXIS=N[,AXIS=N...] with AXIS one of {', '.join(AXES)}, got {text!r}")
+        if name in sizes:
+            raise ValueError(f"axis {name} given twice in {text!r}")
+        try:
+            sizes[name] = int(value)
+        except ValueError:
+            raise ValueError(f"{name}: expected an integer >= 1, got {value.strip()!r}") from None
+        if sizes[name] < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {sizes[name]}")
+    return Mesh(**sizes)
+
+
+def check_mesh(mesh: Mesh, nproc: int) -> None:
+    """The mesh must cover exactly the `nproc` processes, on axes this build runs."""
+    if mesh.size != nproc:
+        raise ValueError(f"the axes multiply to {mesh.size} ({mesh}), expected --nproc ({nproc})")
+    for axis in AXES:
+        if axis not in RUNNABLE and getattr(mesh, axis) > 1:
+            raise ValueError(f"{axis}={getattr(mesh, axis)}: not in this build yet (data parallel only)")
