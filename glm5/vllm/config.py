@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
+from glm5.vllm.fp8_cache import check_cache_dtype
+from glm5.vllm.mtp import use_project_mtp
+
 
 class Glm5BackendsConfig(VerifyAndUpdateConfig):
     @staticmethod
@@ -17,9 +20,6 @@ class Glm5BackendsConfig(VerifyAndUpdateConfig):
 
     @staticmethod
     def verify_and_update_config(vllm_config) -> None:
-        dt = vllm_config.cache_config.cache_dtype
-        if dt not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(
-                f"kv_cache_dtype: Glm5BackendsForCausalLM keeps its caches in the model dtype ('auto'), "
-                f"got {dt!r} (vLLM's FP8 latent / indexer caches are its own DSA kernels' format)"
-            )
+        # 'auto' (the model dtype) or fp8_ds_mla (glm5/vllm/fp8_cache.py), checked before anything loads
+        check_cache_dtype(vllm_config.cache_config.cache_dtype, vllm_config.model_config.hf_config)
+        use_project_mtp(vllm_config)  # speculative method 'mtp': the project's MTP layer drafts

@@ -36,6 +36,9 @@ def main(spec: dict) -> dict:
         dtype=spec.get("dtype", "float32"),
         seed=0,
         enable_prefix_caching=spec.get("enable_prefix_caching", True),
+        kv_cache_dtype=spec.get("kv_cache_dtype", "auto"),
+        speculative_config=spec.get("speculative_config"),
+        disable_log_stats=not spec.get("speculative_config"),  # the spec-decode counters need stats
     )
     start_s = time.perf_counter() - t0
     sp = SamplingParams(
@@ -57,6 +60,11 @@ def main(spec: dict) -> dict:
         # entry i (i >= 1) holds log p(prompt[i] | prompt[:i]); entry 0 is None
         plp = [[lp[p].logprob for lp, p in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:])] for o in outs]
     stats = llm.apply_model(lambda m: m.stats())[0]
+    spec_decode = {  # vLLM's speculative-decoding counters (drafts, draft tokens, accepted tokens)
+        m.name: m.value
+        for m in (llm.get_metrics() if spec.get("speculative_config") else [])
+        if m.name.startswith("vllm:spec_decode") and hasattr(m, "value")
+    }
     return {
         "generate_runs_s": runs,
         "tokens": tokens,
@@ -64,6 +72,7 @@ def main(spec: dict) -> dict:
         "start_s": start_s,
         "generate_s": generate_s,
         "stats": stats,
+        "spec_decode": spec_decode,
     }
 
 
