@@ -12,6 +12,7 @@ from __future__ import annotations
 
 ARCHITECTURE = "Glm5BackendsForCausalLM"
 HF_OVERRIDES = {"architectures": [ARCHITECTURE]}
+MTP_ARCHITECTURE = "Glm5BackendsMTP"
 
 
 def register() -> None:
@@ -22,4 +23,6 @@ def register() -> None:
 
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "glm5.vllm.model:Glm5BackendsForCausalLM")
+    if MTP_ARCHITECTURE not in ModelRegistry.get_supported_archs():  # the MTP draft (glm5/vllm/mtp.py)
+        ModelRegistry.register_model(MTP_ARCHITECTURE, "glm5.vllm.mtp:Glm5BackendsMTP")
     MODELS_CONFIG_MAP.setdefault(ARCHITECTURE, Glm5BackendsConfig)

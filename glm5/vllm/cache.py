@@ -48,7 +48,9 @@ class Glm5StepMetadataBuilder(AttentionMetadataBuilder[Glm5StepMetadata]):
     # The latent and the indexer caches have different widths, so vLLM gives them separate attention
     # groups (one builder each) over one KV cache group: the same CommonAttentionMetadata object. The
     # last one seen is kept so both builders hand out the same metadata, hence one SeqLayout per step.
-    _last: tuple[CommonAttentionMetadata, Glm5StepMetadata] | None = None
+    # The MTP drafter rebuilds from the same CommonAttentionMetadata object, changed in place, once per
+    # draft token: the draft index is part of the key.
+    _last: tuple[CommonAttentionMetadata, int, Glm5StepMetadata] | None = None
 
     def __init__(
         self,
@@ -62,18 +64,25 @@ class Glm5StepMetadataBuilder(AttentionMetadataBuilder[Glm5StepMetadata]):
     def build(
         self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
     ) -> Glm5StepMetadata:
-        cm = common_attn_metadata
+        return self._build(common_attn_metadata, -1)
+
+    def build_for_drafting(self, common_attn_metadata: CommonAttentionMetadata, draft_index: int):
+        return self._build(common_attn_metadata, draft_index)
+
+    def _build(self, cm: CommonAttentionMetadata, draft_index: int) -> Glm5StepMetadata:
         last = Glm5StepMetadataBuilder._last
-        if last is not None and last[0] is cm:
-            return last[1]
+        if last is not None and last[0] is cm and last[1] == draft_index:
+            return last[2]
         b, t = cm.num_reqs, cm.num_actual_tokens
         layout = SeqLayout(
             cm.query_start_loc[: b + 1].to(torch.int32),
             cm.seq_lens[:b].to(torch.int32),
             block_table=cm.block_table_tensor[:b].to(torch.int32),
+            max_seqlen_k=cm.max_seq_len,  # vLLM's host int: no op reads the lengths back
+            trusted=True,  # vLLM's scheduler built it: value checks only under GLM5_VALIDATE=values
         )
         meta = Glm5StepMetadata(layout, cm.slot_mapping[:t].to(torch.int64), t)
-        Glm5StepMetadataBuilder._last = (cm, meta)
+        Glm5StepMetadataBuilder._last = (cm, draft_index, meta)
         return meta
 
 

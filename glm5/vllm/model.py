@@ -29,7 +29,8 @@ from glm5.checkpoint import read_config
 from glm5.config import GLM5Config
 from glm5.layers import rope_angles
 from glm5.model import GLM5ForCausalLM
-from glm5.vllm.cache import Glm5CacheLayer, Glm5StepMetadata, PagedCaches
+from glm5.vllm.cache import Glm5CacheLayer, Glm5StepMetadata
+from glm5.vllm.fp8_cache import CacheFormats, FP8CacheOps, FP8PagedCaches
 
 #: preferred built-in backends per device type, best first (GLM5_BACKEND overrides)
 PREFERENCE = {"cuda": ("cuda",), "npu": ("ascend",), "cpu": ("cpu", "reference")}
@@ -73,25 +74,30 @@ class Glm5BackendsForCausalLM(nn.Module):
         with torch.device("meta"):  # shapes only; load_weights builds the real one
             self.glm = GLM5ForCausalLM(self.config, backend=self.backend, dtype=self.dtype)
         c, cc = self.config, vllm_config.cache_config
+        fmt = CacheFormats(c, cc.cache_dtype, self.backend, self.dtype)  # model dtype, or FP8 (fp8_cache.py)
         latent, index_k = [], []
         for i in range(c.num_hidden_layers):
             pre = f"{prefix}model.layers.{i}.self_attn"
             latent.append(
-                Glm5CacheLayer(
-                    f"{pre}.latent_cache", c.kv_lora_rank + c.qk_rope_head_dim, self.dtype, cc, False
-                )
+                Glm5CacheLayer(f"{pre}.latent_cache", *fmt.latent, cc, False)
             )
             full = c.indexer_types[i] == "full"
             index_k.append(
-                Glm5CacheLayer(f"{pre}.indexer.k_cache", c.index_head_dim, self.dtype, cc, True)
+                Glm5CacheLayer(f"{pre}.indexer.k_cache", *fmt.index, cc, True)
                 if full
                 else None
             )
         self.latent_caches = nn.ModuleList(latent)
         self.index_caches = nn.ModuleList([m for m in index_k if m is not None])
-        self.caches = PagedCaches(latent, index_k)
+        self.caches = FP8PagedCaches(latent, index_k, self.backend, fmt.index_head_dim)
+        self.step_backend = FP8CacheOps(self.backend, fmt.index_head_dim) if fmt.fp8_latent else self.backend
         self.first_cache = latent[0].prefix
         self.other_caches = [m.prefix for m in latent[1:]] + [m.prefix for m in index_k if m is not None]
+
+    @property
+    def model(self) -> nn.Module:
+        """The project's decoder stack: vLLM's MTP drafter shares its `embed_tokens`."""
+        return self.glm.model
 
     # -- vLLM's model interface ----------------------------------------------------------------------
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -133,7 +139,7 @@ class Glm5BackendsForCausalLM(nn.Module):
         """The step every layer shares: one SeqLayout, the RoPE angles and cache rows of the new tokens."""
         pos = positions[: md.num_tokens].to(torch.int64)
         cos, sin = rope_angles(pos, self.config.qk_rope_head_dim, self.config.rope_theta)
-        return Step(self.backend, StepSlots(md.layout, pos, md.slot_mapping), cos, sin, self.caches)
+        return Step(self.step_backend, StepSlots(md.layout, pos, md.slot_mapping), cos, sin, self.caches)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.glm.lm_head(hidden_states)

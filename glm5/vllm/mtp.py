@@ -1,0 +1,142 @@
+"""`Glm5BackendsMTP`: vLLM's MTP speculative decoding (`speculative_config={"method": "mtp", ...}`) drafted by
+the project's own MTP layer on the GLM-5 backend.
+
+vLLM drafts GLM-5's MTP as a `deepseek_mtp` model (its `DeepseekV32MTPModel`, built on vLLM's own DSA
+kernels). For `Glm5BackendsForCausalLM` the plugin's config hook points the draft at this class instead
+(`use_project_mtp`), so `--speculative-config '{"method": "mtp", "num_speculative_tokens": N}'` needs nothing
+else. The draft is the project's `MTPLayer` (glm5/model.py) with its own paged latent and indexer caches in
+vLLM's pool; draft j > 1 chains the MTP layer on its own output (the pre-norm hidden state), exactly as
+`glm5.generate.generate_speculative` does, so vLLM accepts the drafts `glm5 generate --mtp N` accepts.
+The embedding is the target's (vLLM shares it); the draft reads the checkpoint once and keeps only the MTP
+layers, their head norm and the output head.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.forward_context import get_forward_context
+from vllm.platforms import current_platform
+
+import backends
+from glm5.attention import Step
+from glm5.cache import StepSlots
+from glm5.checkpoint import read_config
+from glm5.config import GLM5Config
+from glm5.layers import rope_angles
+from glm5.model import GLM5ForCausalLM
+from glm5.vllm import MTP_ARCHITECTURE
+from glm5.vllm.cache import Glm5CacheLayer
+from glm5.vllm.fp8_cache import CacheFormats, FP8CacheOps, FP8PagedCaches
+
+#: the drafts vLLM would pick for a glm_moe_dsa checkpoint (SpeculativeConfig.hf_config_override)
+VLLM_MTP_ARCHITECTURES = ("DeepseekV32MTPModel", "DeepSeekMTPModel")
+
+
+def use_project_mtp(vllm_config: VllmConfig) -> None:
+    """Point vLLM's MTP draft of a `Glm5BackendsForCausalLM` target at `Glm5BackendsMTP`."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    spec = vllm_config.speculative_config
+    if spec is None or spec.method != "mtp" or spec.draft_model_config is None:
+        return
+    draft = spec.draft_model_config
+    if not set(draft.architectures) & set(VLLM_MTP_ARCHITECTURES):
+        return
+    draft.hf_config.architectures = [MTP_ARCHITECTURE]
+    draft.model_arch_config.architectures = [MTP_ARCHITECTURE]
+    draft._model_info, draft._architecture = ModelRegistry.inspect_model_cls([MTP_ARCHITECTURE], draft)
+
+
+class Glm5BackendsMTP(nn.Module):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        from glm5.vllm.model import default_backend
+
+        mc = vllm_config.speculative_config.draft_model_config
+        self.path = Path(mc.model)
+        self.config = GLM5Config.from_dict(read_config(self.path))
+        self.dtype = mc.dtype
+        self.backend = backends.get(default_backend(current_platform.device_type))
+        self.counts: Counter[str] = Counter()
+        c, cc = self.config, vllm_config.cache_config
+        if c.num_nextn_predict_layers < 1:
+            raise ValueError(
+                "speculative_config: method 'mtp' needs an MTP layer, the checkpoint has "
+                "num_nextn_predict_layers 0"
+            )
+        with torch.device("meta"):
+            self._set_model(GLM5ForCausalLM(c, backend=self.backend, dtype=self.dtype))
+        fmt = CacheFormats(c, cc.cache_dtype, self.backend, self.dtype)
+        n = c.num_hidden_layers
+        latent, index_k = [], []
+        for j in range(c.num_nextn_predict_layers):  # vLLM's names for MTP layers: model.layers.{n + j}
+            pre = f"{prefix}model.layers.{n + j}.self_attn"
+            latent.append(Glm5CacheLayer(f"{pre}.latent_cache", *fmt.latent, cc, False))
+            index_k.append(Glm5CacheLayer(f"{pre}.indexer.k_cache", *fmt.index, cc, True))
+        self.latent_caches, self.index_caches = nn.ModuleList(latent), nn.ModuleList(index_k)
+        self.caches = FP8PagedCaches(latent, index_k, self.backend, fmt.index_head_dim)
+        self.step_backend = FP8CacheOps(self.backend, fmt.index_head_dim) if fmt.fp8_latent else self.backend
+        self.cache_names = [m.prefix for m in latent + index_k]
+
+    def _set_model(self, glm: GLM5ForCausalLM) -> None:
+        """Keep the MTP layers, the embedding (vLLM replaces it with the target's) and the output head."""
+        n = glm.config.num_hidden_layers
+        glm.model.layers = nn.ModuleList(list(glm.model.layers)[n:])
+        self.glm = glm
+        self.model = glm.model  # vLLM shares the target's embedding through draft.model.embed_tokens
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+        spec_step_idx: int = 0,
+        **_: object,
+    ) -> torch.Tensor:
+        """Tokens one ahead of the target's hidden states (or of this layer's previous output) -> the MTP
+        layer's output before its head norm (compute_logits applies it; the next draft reads it as is)."""
+        meta = get_forward_context().attn_metadata
+        md = meta.get(self.cache_names[0]) if isinstance(meta, dict) else None
+        t = input_ids.shape[0]
+        if md is None:  # vLLM's profiling / dummy run: no cache
+            step = self.glm.begin_step([t], None)
+            n = t
+        else:
+            if any(meta.get(p) is not md for p in self.cache_names):
+                raise RuntimeError("vLLM gave the MTP layer's caches different metadata in one step")
+            n = md.num_tokens
+            pos = positions[:n].to(torch.int64)
+            cos, sin = rope_angles(pos, self.config.qk_rope_head_dim, self.config.rope_theta)
+            step = Step(self.step_backend, StepSlots(md.layout, pos, md.slot_mapping), cos, sin, self.caches)
+            self.counts["draft_steps"] += 1
+        layer = self.glm.model.layers[spec_step_idx % len(self.glm.model.layers)]
+        emb = self.model.embed_tokens(input_ids[:n])
+        # the embedding at position 0 is zeroed (glm5.model.GLM5ForCausalLM.mtp_forward, vLLM's MTP layer)
+        emb = emb.masked_fill((step.slots.positions == 0)[:, None], 0.0)
+        x = layer.predict(emb, hidden_states[:n], step)
+        if n == t:
+            return x
+        out = x.new_zeros(t, x.shape[1])
+        out[:n] = x
+        return out
+
+    def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
+        layer = self.glm.model.layers[spec_step_idx % len(self.glm.model.layers)]
+        return self.glm.lm_head(layer.shared_head.norm(hidden_states))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """The project's reader, as the target's (glm5/vllm/model.py); the main layers are dropped."""
+        del weights
+        glm = GLM5ForCausalLM.from_pretrained(self.path, backend=self.backend, dtype=self.dtype)
+        self._set_model(glm.requires_grad_(False).eval())
+        return {name for name, _ in self.named_parameters()}
