@@ -1,0 +1,60 @@
+"""vLLM's tensor- and expert-parallel groups as the plan's `Group` (glm5/parallel/group.py).
+
+The one parallel plan (glm5/parallel/plan.py) shards the project's model the same way under both hosts; here
+the host is vLLM: its `GroupCoordinator`s (`get_tp_group()`, `get_ep_group()`) carry the collectives, through
+their device communicator (shared memory on CPU, NCCL / HCCL on devices). A sum is a rank-order reduction of
+an all-gather, as in `TorchGroup`, so every rank gets the same bits whatever the communicator's reduction
+order; that is what keeps the replicated router and indexer identical on every rank.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glm5.parallel.group import Group
+
+
+class VllmGroup:
+    """A vLLM `GroupCoordinator` as a `Group` (rank in the group, group size, all_gather, fixed-order sum)."""
+
+    def __init__(self, coordinator) -> None:
+        self.coordinator = coordinator
+        self.rank = coordinator.rank_in_group
+        self.size = coordinator.world_size
+
+    def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        if self.size == 1:
+            return x
+        return self.coordinator.all_gather(x.contiguous(), dim)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return x
+        parts = self.coordinator.all_gather(x.contiguous().unsqueeze(0), 0)
+        out = parts[0].clone()
+        for p in parts[1:]:
+            out += p
+        return out
+
+
+def groups(parallel_config) -> tuple[Group | None, Group | None]:
+    """(tp, ep) for the plan from vLLM's parallel config: (None, None) when nothing is split. Expert
+    parallel needs every rank of the expert group to hold the same tokens (the plan's experts see the
+    replicated hidden states), so it is served when that group is the tensor-parallel group."""
+    from vllm.distributed.parallel_state import get_ep_group, get_tp_group
+
+    tp_size = parallel_config.tensor_parallel_size
+    ep = parallel_config.enable_expert_parallel
+    if tp_size == 1 and not ep:
+        return None, None
+    tp = VllmGroup(get_tp_group())
+    if not ep:
+        return tp, None
+    ep_group = VllmGroup(get_ep_group())
+    if ep_group.size != tp.size:
+        raise ValueError(
+            f"enable_expert_parallel: Glm5BackendsForCausalLM splits experts over the tensor-parallel group "
+            f"(every rank holding the same tokens); vLLM's expert group has {ep_group.size} ranks, the "
+            f"tensor-parallel group {tp.size} (use data_parallel_size 1 with expert parallel)"
+        )
+    return tp, ep_group
