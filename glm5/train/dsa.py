@@ -21,6 +21,7 @@ from torch import nn
 
 from glm5.attention import MLAAttention, Step
 from glm5.moe import Router
+from glm5.train.activations import recomputing
 
 STAGES = ("warmup", "sparse")
 
@@ -66,14 +67,17 @@ class AttentionProbe:
         topk = output[1]
         with torch.no_grad():
             q, rows, qr = mod.project(x.detach(), step)  # q [T, H, c+r], rows [T, c+r]
-        if self.track_max_logit:
+        if self.track_max_logit and not recomputing():
             self.max_logits.append(float(_selected_logits(q, rows, topk, step, mod.sm_scale)[0].max()))
         if self.stage is not None and mod.indexer is not None:
             logits = _indexer_logits(mod, x.detach(), qr, step)  # [T, S] fp32, grad to the indexer only
             if self.stage == "warmup":
-                self.kl_terms.append(_dense_kl(q, rows, logits, step, mod.sm_scale))
+                term = _dense_kl(q, rows, logits, step, mod.sm_scale)
             else:
-                self.kl_terms.append(_sparse_kl(q, rows, logits, topk, step, mod.sm_scale))
+                term = _sparse_kl(q, rows, logits, topk, step, mod.sm_scale)
+            # a checkpointed layer's recomputation must save what the forward saved, but records nothing
+            if not recomputing():
+                self.kl_terms.append(term)
 
 
 def _indexer_logits(mod: MLAAttention, x: torch.Tensor, qr: torch.Tensor, step: Step) -> torch.Tensor:
@@ -136,7 +140,7 @@ class ExpertBalancer:
 
     def _hook(self, i: int):
         def hook(mod: Router, args: tuple, output: tuple) -> None:
-            if self.active:
+            if self.active and not recomputing():  # a recomputed layer's routing was counted once
                 ids = output[0]
                 self.load[i] += torch.bincount(ids.reshape(-1).long().cpu(), minlength=self.load[i].numel())
 
