@@ -40,6 +40,7 @@ class LayerActivations:
 
     calls: int = 0  # forwards that saved activations (grad enabled)
     recomputes: int = 0  # recompute mode: backward recomputations
+    kept_input_bytes: int = 0  # recompute mode: the tensor arguments the checkpoint keeps instead
     offloaded_tensors: int = 0  # offload mode: distinct activations copied to host memory
     offloaded_bytes: int = 0
     restored_tensors: int = 0  # offload mode: of those, copies the backward has read back
@@ -98,6 +99,8 @@ def _call(mode: str, name: str, pin_memory: bool, layer: nn.Module, *args: Any, 
     stats: LayerActivations = layer.activations
     stats.calls += 1
     if mode == "recompute":
+        kept = [a for a in args if isinstance(a, torch.Tensor)]
+        stats.kept_input_bytes += sum(a.numel() * a.element_size() for a in kept)
         return checkpoint(
             fn,
             *args,

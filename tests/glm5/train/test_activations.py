@@ -101,6 +101,7 @@ def test_recompute_runs_each_layer_again_but_signals_are_recorded_once():
     _, kl_n, logits, load, grads = signals("none")
     stats, kl_n2, logits2, load2, grads2 = signals("recompute")
     assert all(s.calls == 1 and s.recomputes == 1 for s in stats.values())
+    assert all(s.kept_input_bytes > 0 and s.offloaded_bytes == 0 for s in stats.values())
     assert (kl_n2, logits2) == (kl_n, logits)
     assert all(torch.equal(a, b) for a, b in zip(load2, load, strict=True))
     # the indexer KL term's graph lives inside the checkpointed layers: its gradients too are bitwise
