@@ -102,12 +102,16 @@ class MLAAttention(nn.Module):
         self.kv_b_proj = nn.Linear(self.c, h * (self.nope + self.v_dim), bias=False, dtype=dtype)
         self.o_proj = nn.Linear(h * self.v_dim, d, bias=bias, dtype=dtype)
         self.indexer = Indexer(cfg, dtype) if has_indexer else None
+        # where the latent rows leave the per-token projections for the per-head attention: a named point
+        # a parallel plan hooks (glm5/parallel/plan.py); the head count is read from the weights below, so
+        # a plan that keeps whole heads per rank needs nothing else from this file
+        self.latent = nn.Identity()
 
     def project(self, x: torch.Tensor, step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [T, D] -> (q [T, H, c + r] absorbed, latent rows [T, c + r], qr [T, q_lora_rank])."""
         t = x.shape[0]
         qr = self.q_a_layernorm(self.q_a_proj(x))
-        q = self.q_b_proj(qr).view(t, self.n_heads, self.nope + self.rope)
+        q = self.q_b_proj(qr).view(t, -1, self.nope + self.rope)
         q_nope, q_pe = (
             q[..., : self.nope],
             apply_rope(q[..., self.nope :], step.cos, step.sin, self.interleaved),
@@ -115,11 +119,9 @@ class MLAAttention(nn.Module):
         kv = self.kv_a_proj_with_mqa(x)
         c_kv = self.kv_a_layernorm(kv[:, : self.c])
         k_pe = apply_rope(kv[:, self.c :], step.cos, step.sin, self.interleaved)
-        w_uk = self.kv_b_proj.weight.view(self.n_heads, self.nope + self.v_dim, self.c)[
-            :, : self.nope
-        ]  # [H, n, c]
+        w_uk = self.kv_b_proj.weight.view(-1, self.nope + self.v_dim, self.c)[:, : self.nope]  # [H, n, c]
         q_lat = torch.einsum("thn,hnc->thc", q_nope, w_uk)
-        return torch.cat([q_lat, q_pe], dim=-1), torch.cat([c_kv, k_pe], dim=-1), qr
+        return torch.cat([q_lat, q_pe], dim=-1), self.latent(torch.cat([c_kv, k_pe], dim=-1)), qr
 
     def forward(
         self, x: torch.Tensor, step: Step, shared_topk: torch.Tensor | None
@@ -143,8 +145,6 @@ class MLAAttention(nn.Module):
         out, _ = step.backend.sparse_mla_attention(
             q, kv_cache, topk, step.slots.layout, self.sm_scale, self.c, return_lse=False
         )
-        w_uv = self.kv_b_proj.weight.view(self.n_heads, self.nope + self.v_dim, self.c)[
-            :, self.nope :
-        ]  # [H, v, c]
+        w_uv = self.kv_b_proj.weight.view(-1, self.nope + self.v_dim, self.c)[:, self.nope :]  # [H, v, c]
         o = torch.einsum("thc,hvc->thv", out, w_uv)
         return self.o_proj(o.reshape(x.shape[0], -1)), topk

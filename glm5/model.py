@@ -52,6 +52,15 @@ class DecoderLayer(nn.Module):
         return x + (self.mlp(h, step.backend) if self.is_moe else self.mlp(h)), topk
 
 
+class LMHead(nn.Linear):
+    """The output projection [V, D]. `loss` is the chunked projection + cross-entropy of SPEC 2.9 through
+    the backend, so a parallel plan that splits the vocabulary replaces both together (glm5/parallel)."""
+
+    def loss(self, h: torch.Tensor, targets: torch.Tensor, backend: Backend) -> torch.Tensor:
+        """h [N, D], targets [N] -> mean next-token loss (ignore_index -100)."""
+        return backend.linear_cross_entropy(h, self.weight, targets)
+
+
 class SharedHead(nn.Module):
     """The MTP layer's own final norm; the projection is the model's lm_head (shared)."""
 
@@ -108,7 +117,7 @@ class GLM5ForCausalLM(nn.Module):
         self.config = config
         self._backend = backend if isinstance(backend, Backend) else backends.get(backend)
         self.model = GLM5Model(config, dtype)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         if self.lm_head.weight.device.type != "meta":  # on meta: shapes only (counts, or a load to follow)
@@ -243,7 +252,7 @@ class GLM5ForCausalLM(nn.Module):
         loss = None
         if labels is not None:
             h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
-            loss = self.backend.linear_cross_entropy(h, self.lm_head.weight, labels[:, 1:].reshape(-1))
+            loss = self.lm_head.loss(h, labels[:, 1:].reshape(-1), self.backend)
         logits = self.lm_head(hidden) if return_logits else None
         return GLM5Output(logits, hidden, loss, used if return_topk else None)
 

@@ -38,9 +38,7 @@ def lm_and_mtp(model: GLM5ForCausalLM, ids: torch.Tensor, mtp_steps: int) -> Los
             tokens, targets = shifted(ids, j)
             x = mtp_hidden(model, tokens, h, depth)  # [B*S, D]
             head_in = model.model.layers[model.config.num_hidden_layers + depth].shared_head.norm(x)
-            terms.append(
-                model.backend.linear_cross_entropy(head_in, model.lm_head.weight, targets.reshape(-1))
-            )
+            terms.append(model.lm_head.loss(head_in, targets.reshape(-1), model.backend))
             h = x.view_as(h)
         mtp = torch.stack(terms).mean()
     return Losses(out.loss, mtp, out.hidden_states)

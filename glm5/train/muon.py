@@ -125,11 +125,11 @@ class Muon(torch.optim.Optimizer):
 
 def blocks_for(name: str, p: torch.Tensor, config, split: bool) -> Blocks:
     """The Muon view of parameter `name` (GLM-5 names) under Muon Split (`split`) or whole-matrix Muon."""
-    h = config.num_attention_heads
-    if split and name.endswith("self_attn.q_b_proj.weight"):
-        return Blocks(h, (config.qk_head_dim,))  # W_UQ per head (nope and rope rows of that head)
+    if split and name.endswith("self_attn.q_b_proj.weight"):  # heads from the rows: a tensor-parallel
+        return Blocks(p.shape[0] // config.qk_head_dim, (config.qk_head_dim,))  # shard holds whole heads
     if split and name.endswith("self_attn.kv_b_proj.weight"):
-        return Blocks(h, (config.qk_nope_head_dim, config.v_head_dim))  # W_UK_h, W_UV_h
+        per_head = (config.qk_nope_head_dim, config.v_head_dim)  # W_UK_h, W_UV_h
+        return Blocks(p.shape[0] // sum(per_head), per_head)
     if p.dim() == 3:
         return Blocks(p.shape[0], (p.shape[1],))  # stacked routed experts: one matrix each
     return Blocks(1, (p.shape[0],))

@@ -1,0 +1,308 @@
+"""GLM-5's one parallel plan: how each module is split over a tensor-parallel group (and, optionally, its
+routed experts over an expert-parallel group), applied from outside the model file for both hosts.
+
+The split is vLLM's for DeepSeek-V3.2 / GLM-5 (Megatron's tensor parallelism):
+
+| modules | style | weight split | communication |
+|---|---|---|---|
+| `self_attn.q_b_proj`, `self_attn.kv_b_proj` | heads | whole heads (dim 0) | replicated input enters |
+| `self_attn.o_proj`, `mlp.down_proj`, `shared_experts.down_proj` | rowwise | dim 1 | output summed |
+| `mlp.gate_proj/up_proj`, `shared_experts.gate_proj/up_proj` | colwise | dim 0 | input enters |
+| `mlp.experts` (tp) | experts-tp | intermediate dim of every expert | input enters, output summed |
+| `mlp.experts` (ep) | experts-ep | whole experts | per-slot outputs summed (exact) |
+| `model.embed_tokens`, `lm_head` | vocab | dim 0 (vocabulary rows) | exact sum / gather / sharded loss |
+| `q_a_proj`, `kv_a_proj_with_mqa`, norms, router, indexer, `eh_proj` | replicated | - | - |
+
+The backends see local shapes only: attention runs on the rank's heads (the model reads the head count
+from the weights), `grouped_matmul` on the rank's experts or intermediate slice. The indexer and router
+are replicated, so every rank computes the same top-k from the same bits (checked, not hoped for, by
+glm5/parallel/agreement.py under GLM5_VALIDATE).
+
+`apply` slices the model's parameters in place (on the meta device it only makes them local-sized, for
+a loader that then reads each rank's slice with `local_slice`). Every sharded parameter carries
+`p.glm5_shard`, a `ShardInfo` the optimizers and checkpoint code read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from backends import Backend, moe
+from glm5.parallel.group import Group, enter, gather, reduce
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What part of a full parameter this rank holds: `size` equal slices of dim `dim` (each a whole
+    number of `unit` rows: heads, experts or vocabulary rows), this rank's is number `rank`."""
+
+    kind: str  # 'heads' | 'colwise' | 'rowwise' | 'experts-tp' | 'experts-ep' | 'vocab'
+    dim: int
+    rank: int
+    size: int
+    full_shape: tuple[int, ...]
+    unit: int = 1
+    group: Group | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def length(self) -> int:
+        return self.full_shape[self.dim] // self.size
+
+    @property
+    def start(self) -> int:
+        return self.rank * self.length
+
+
+class PlanError(ValueError):
+    """The model cannot be split this way (a count not divisible by the group size)."""
+
+
+def shard_info(p: torch.Tensor) -> ShardInfo | None:
+    """The ShardInfo of a parameter `apply` split, None for a replicated one."""
+    return getattr(p, "glm5_shard", None)
+
+
+def group_of(p: torch.Tensor) -> Group | None:
+    info = shard_info(p)
+    return None if info is None else info.group
+
+
+# -- the rules ------------------------------------------------------------------------------------------
+#: (module-name pattern, style); the first match wins, unmatched modules are replicated
+RULES: tuple[tuple[str, str], ...] = (
+    (r"model\.embed_tokens", "vocab-embedding"),
+    (r"lm_head", "vocab-head"),
+    (r".*\.self_attn", "attention"),
+    (r".*\.mlp\.experts", "experts"),
+    (r".*\.mlp\.shared_experts", "mlp"),
+    (r".*\.mlp", "mlp"),
+)
+
+
+def style_of(name: str) -> str | None:
+    for pattern, style in RULES:
+        if re.fullmatch(pattern, name):
+            return style
+    return None
+
+
+# -- slicing --------------------------------------------------------------------------------------------
+def _split(module: nn.Module, pname: str, kind: str, dim: int, group: Group, unit: int = 1) -> None:
+    """Replace parameter `pname` of `module` by this rank's slice along `dim` (a whole number of units)."""
+    p = getattr(module, pname)
+    full = tuple(p.shape)
+    if full[dim] % (group.size * unit):
+        raise PlanError(
+            f"{kind}: dimension {dim} of a {full} parameter ({full[dim] // unit} units of {unit}) does not "
+            f"split into {group.size} equal whole parts"
+        )
+    info = ShardInfo(kind, dim, group.rank, group.size, full, unit, group)
+    local = p.detach().narrow(dim, info.start, info.length)
+    new = nn.Parameter(local if p.is_meta else local.clone(), requires_grad=p.requires_grad)
+    new.glm5_shard = info
+    setattr(module, pname, new)
+
+
+def _split_linear(lin: nn.Linear, kind: str, dim: int, group: Group, unit: int = 1) -> None:
+    _split(lin, "weight", kind, dim, group, unit)
+    if lin.bias is not None and dim == 0:
+        _split(lin, "bias", kind, 0, group, unit)
+
+
+def _enter_input(group: Group):
+    def hook(module: nn.Module, args: tuple) -> tuple:
+        return (enter(args[0], group), *args[1:])
+
+    return hook
+
+
+def _reduce_output(group: Group):
+    def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        return reduce(out, group)
+
+    return hook
+
+
+def _rowwise(lin: nn.Linear, group: Group) -> None:
+    """Split the input dim; the partial outputs are summed over the group."""
+    _split_linear(lin, "rowwise", 1, group)
+    lin.register_forward_hook(_reduce_output(group))
+
+
+def _attention(attn: nn.Module, group: Group) -> None:
+    _split_linear(attn.q_b_proj, "heads", 0, group, attn.nope + attn.rope)
+    _split_linear(attn.kv_b_proj, "heads", 0, group, attn.nope + attn.v_dim)
+    attn.q_b_proj.register_forward_pre_hook(_enter_input(group))
+    attn.latent.register_forward_hook(lambda m, a, out: enter(out, group))
+    _rowwise(attn.o_proj, group)
+
+
+def _mlp(mlp: nn.Module, group: Group) -> None:
+    _split_linear(mlp.gate_proj, "colwise", 0, group)
+    _split_linear(mlp.up_proj, "colwise", 0, group)
+    mlp.register_forward_pre_hook(_enter_input(group))
+    _rowwise(mlp.down_proj, group)
+
+
+def _experts_tp(experts: nn.Module, group: Group) -> None:
+    """Every expert's intermediate dim split (vLLM's MoE without expert parallel)."""
+    _split(experts, "gate_proj", "experts-tp", 1, group)
+    _split(experts, "up_proj", "experts-tp", 1, group)
+    _split(experts, "down_proj", "experts-tp", 2, group)
+    # the routing weights enter too: each rank's partial output carries only its part of their gradient
+    experts.register_forward_pre_hook(lambda m, a: (enter(a[0], group), a[1], enter(a[2], group), *a[3:]))
+    experts.register_forward_hook(_reduce_output(group))
+
+
+class ExpertParallelExperts(nn.Module):
+    """Whole experts per rank: this rank's `E / size` experts, stacked as `glm5.moe.Experts`.
+
+    Every rank sees every token (the hidden states are replicated), computes the (token, slot) pairs
+    routed to its experts and leaves the others zero; the per-slot outputs are then summed over the
+    group. Each slot has exactly one non-zero term, so that sum is exact, and the weighted sum over the
+    slots that follows is `moe.combine`'s: the result equals the unsplit layer's bits whenever each
+    expert row does (SPEC 2.8: grouped_matmul rows do not depend on their order). Slots routed elsewhere
+    are computed on local expert 0 and masked: the drop costs compute, never a host read or a
+    data-dependent shape; a backend that skips rows past the last offset would remove it.
+    """
+
+    def __init__(self, experts: nn.Module, group: Group) -> None:
+        super().__init__()
+        n = experts.gate_proj.shape[0]
+        for pname in ("gate_proj", "up_proj", "down_proj"):
+            self.register_parameter(pname, getattr(experts, pname))
+            _split(self, pname, "experts-ep", 0, group)
+        self.group = group
+        self.first = group.rank * (n // group.size)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
+        n_local = self.gate_proj.shape[0]
+        t, k = ids.shape
+        x = enter(x, self.group)
+        rel = ids.to(torch.int64) - self.first
+        mine = (rel >= 0) & (rel < n_local)
+        d = moe.dispatch(torch.where(mine, rel, 0), n_local)
+        xs = x[d.token]
+        h = nn.functional.silu(be.grouped_matmul(xs, self.gate_proj, d.offsets)) * be.grouped_matmul(
+            xs, self.up_proj, d.offsets
+        )
+        y = be.grouped_matmul(h, self.down_proj, d.offsets)[d.inverse].view(t, k, -1)
+        y = reduce(
+            torch.where(mine[..., None], y, torch.zeros((), dtype=y.dtype, device=y.device)), self.group
+        )
+        return (y.float() * w.float()[..., None]).sum(dim=1).to(x.dtype)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Vocabulary rows split over the group; each token's row comes from the one rank holding it (the
+    sum over ranks adds zeros to it, so the result is the unsplit embedding's bits)."""
+
+    def __init__(self, emb: nn.Embedding, group: Group) -> None:
+        super().__init__()
+        self.register_parameter("weight", emb.weight)
+        _split(self, "weight", "vocab", 0, group)
+        self.group = group
+        self.first = group.rank * self.weight.shape[0]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rel = ids.to(torch.int64) - self.first
+        mine = (rel >= 0) & (rel < self.weight.shape[0])
+        e = nn.functional.embedding(torch.where(mine, rel, 0), self.weight)
+        zero = torch.zeros((), dtype=e.dtype, device=e.device)
+        return reduce(torch.where(mine[..., None], e, zero), self.group)
+
+
+def _vocab_head(head: nn.Module, group: Group) -> None:
+    """lm_head split by vocabulary rows: logits gathered in rank order; the loss on the split vocabulary
+    (glm5/parallel/vocab.py: per-rank chunks, the log-sum-exp combined over the group)."""
+    from glm5.parallel.head import VocabParallelHead
+
+    _split_linear(head, "vocab", 0, group)
+    head.__class__ = VocabParallelHead
+    head.group = group
+    head.register_forward_pre_hook(_enter_input(group))
+    head.register_forward_hook(lambda m, a, out: gather(out, group, -1))
+
+
+# -- applying the plan ----------------------------------------------------------------------------------
+def check(config, tp: int, ep: int = 1) -> None:
+    """PlanError naming the first config count that does not split over tp (and ep) ranks: checked before
+    any parameter is touched, so a refused plan leaves the model whole."""
+    counts = [
+        ("num_attention_heads", config.num_attention_heads, tp),
+        ("vocab_size", config.vocab_size, tp),
+        ("intermediate_size", config.intermediate_size, tp),
+    ]
+    if config.n_shared_experts:
+        counts.append(
+            (
+                "moe_intermediate_size * n_shared_experts",
+                config.moe_intermediate_size * config.n_shared_experts,
+                tp,
+            )
+        )
+    if config.n_routed_experts:
+        counts.append(
+            ("n_routed_experts", config.n_routed_experts, ep)
+            if ep > 1
+            else ("moe_intermediate_size", config.moe_intermediate_size, tp)
+        )
+    for name, n, ranks in counts:
+        if n % ranks:
+            raise PlanError(f"{name}: {n} does not split over {ranks} ranks")
+    if tp > 1 and config.tie_word_embeddings:
+        raise PlanError("tie_word_embeddings: a tied head is not split by this plan (GLM-5 does not tie)")
+    if tp > 1 and config.attention_bias:
+        raise PlanError(
+            "attention_bias: a row-parallel o_proj with a bias is not split by this plan (GLM-5 has none)"
+        )
+
+
+def apply(model: nn.Module, tp: Group, ep: Group | None = None) -> dict[str, ShardInfo]:
+    """Split a GLM5ForCausalLM in place over `tp` (experts over `ep` when given: whole experts per rank,
+    the attention still over `tp`) and return the ShardInfo of every split parameter by name.
+
+    Call it once, on the full model (random or loaded: each rank keeps its slice and frees the rest) or
+    on the meta device before a loader fills the local slices (`local_slice`). Tied embeddings stay tied.
+    """
+    if getattr(model, "glm5_plan", None) is not None:
+        raise PlanError("model: a parallel plan is already applied")
+    check(model.config, tp.size, 1 if ep is None else ep.size)
+    for name, module in list(model.named_modules()):
+        style = style_of(name)
+        if style is None or tp.size == 1 and style != "experts":
+            continue
+        if style == "attention":
+            _attention(module, tp)
+        elif style == "mlp" and not hasattr(module, "experts"):  # the dense MLP or the shared expert
+            _mlp(module, tp)
+        elif style == "experts":
+            parent_name, _, attr = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            if ep is not None and ep.size > 1:
+                setattr(parent, attr, ExpertParallelExperts(module, ep))
+            elif tp.size > 1:
+                _experts_tp(module, tp)
+        elif style == "vocab-embedding":
+            parent_name, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), attr, VocabParallelEmbedding(module, tp))
+        elif style == "vocab-head":
+            _vocab_head(module, tp)
+    shards = {n: p.glm5_shard for n, p in model.named_parameters() if shard_info(p) is not None}
+    model.glm5_plan = shards
+    return shards
+
+
+def local_slice(model: nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a full tensor for parameter `name` of a model `apply` split (the tensor
+    itself for a replicated one): what a loader copies into the local parameter."""
+    info = getattr(model, "glm5_plan", {}).get(name)
+    if info is None:
+        return full
+    if tuple(full.shape) != info.full_shape:
+        raise PlanError(f"{name}: expected the full shape {info.full_shape}, got {tuple(full.shape)}")
+    return full.narrow(info.dim, info.start, info.length)

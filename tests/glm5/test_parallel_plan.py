@@ -1,0 +1,126 @@
+"""The one parallel plan (glm5/parallel/plan.py) on 2 gloo ranks: tensor parallel against the unsplit model,
+expert parallel bitwise, the vocabulary-split embedding bitwise, and loader slicing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glm5.config import GLM5Config
+from glm5.model import GLM5ForCausalLM
+from glm5.parallel import plan
+from glm5.parallel.group import Single, TorchGroup
+from tests.ranks import run_ranks
+
+BACKENDS = ("reference", "cpu")
+
+
+def _model(backend: str) -> GLM5ForCausalLM:
+    torch.manual_seed(0)
+    m = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend=backend)
+    m.init_weights(0)
+    return m
+
+
+def _ids() -> torch.Tensor:
+    # 40 tokens per row: more keys than index_topk (16), so the indexer selects
+    return torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(1))
+
+
+def _forward_and_grads(model: GLM5ForCausalLM):
+    ids = _ids()
+    out = model(ids, labels=ids, return_topk=True)
+    out.logits.float().sum().mul(0).add(out.loss).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), out.loss.detach(), [t.clone() for t in out.topk], grads
+
+
+def _tp_rank(rank: int, world: int, backend: str, ep: bool):
+    model = _model(backend)
+    group = TorchGroup()
+    shards = plan.apply(model, tp=group, ep=group if ep else None)
+    logits, loss, topk, grads = _forward_and_grads(model)
+    return logits, loss, topk, grads, {n: (s.dim, s.start, s.length) for n, s in shards.items()}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tensor_and_expert_parallel_match_the_unsplit_model(backend):
+    ref_logits, ref_loss, ref_topk, ref_grads = _forward_and_grads(_model(backend))
+    for ep in (False, True):
+        ranks = run_ranks(_tp_rank, 2, backend, ep)
+        for logits, loss, topk, grads, shards in ranks:
+            # the indexer and router are replicated: the same top-k on every rank, equal to the unsplit run's
+            for a, b in zip(topk, ref_topk, strict=True):
+                assert torch.equal(a, b)
+            torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+            assert set(grads) == set(ref_grads)
+            for name, g in grads.items():
+                full = ref_grads[name]
+                if name in shards:
+                    dim, start, length = shards[name]
+                    full = full.narrow(dim, start, length)
+                torch.testing.assert_close(g, full, rtol=1e-4, atol=1e-6, msg=name)
+        # the two ranks' logits are the same bits (fixed-order sums)
+        assert torch.equal(ranks[0][0], ranks[1][0])
+        halves = [sum(v[2] for n, v in r[4].items()) for r in ranks]
+        assert halves[0] == halves[1] > 0
+
+
+def _ep_rank(rank: int, world: int, backend: str):
+    model = _model(backend)
+    plan.apply(model, tp=Single(), ep=TorchGroup())
+    with torch.no_grad():
+        return model(_ids()).logits
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_expert_parallel_alone_is_bitwise_the_unsplit_model(backend):
+    """Whole experts per rank, attention unsplit: each (token, slot) output has one owner, so the sum over
+    ranks is exact and the logits are the unsplit model's bits."""
+    with torch.no_grad():
+        ref = _model(backend)(_ids()).logits
+    for logits in run_ranks(_ep_rank, 2, backend):
+        assert torch.equal(logits, ref)
+
+
+def test_plan_slices_parameters_and_refuses_what_does_not_split():
+    model = _model("reference")
+
+    class Three:  # a group of 3 ranks: 4 heads do not split
+        rank, size = 0, 3
+
+        def all_reduce(self, x):
+            return x
+
+        def all_gather(self, x, dim):
+            return x
+
+    with pytest.raises(plan.PlanError, match="num_attention_heads: 4 does not split over 3 ranks"):
+        plan.apply(model, tp=Three())
+
+
+def test_local_slice_on_a_meta_model_gives_each_rank_its_part():
+    full = _model("reference")
+
+    class Second:
+        rank, size = 1, 2
+
+        def all_reduce(self, x):
+            return x
+
+        def all_gather(self, x, dim):
+            return x
+
+    with torch.device("meta"):
+        meta = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend="reference")
+    shards = plan.apply(meta, tp=Second())
+    sd = full.state_dict()
+    name = "model.layers.0.self_attn.q_b_proj.weight"
+    info = shards[name]
+    assert (info.kind, info.dim, info.rank, info.size) == ("heads", 0, 1, 2)
+    assert meta.get_parameter(name).shape == (2 * 24, 48)  # 2 of 4 heads, 24 rows each
+    assert torch.equal(plan.local_slice(meta, name, sd[name]), sd[name][48:])
+    assert plan.local_slice(meta, "model.norm.weight", sd["model.norm.weight"]) is sd["model.norm.weight"]
+    with pytest.raises(plan.PlanError, match="expected the full shape"):
+        plan.local_slice(meta, name, sd[name][:3])

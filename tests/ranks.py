@@ -1,0 +1,75 @@
+"""Run a function on N gloo ranks on 127.0.0.1 (one thread each) and collect what each returns.
+
+    results = run_ranks(fn, 2, arg)   # fn(rank, world, arg) -> picklable, run in rank order
+
+`fn` must be importable (a module-level function of a test module). Each rank gets a fresh process
+(spawn), so a failure in one rank is raised here with its traceback instead of hanging the others.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import traceback
+from collections.abc import Callable
+from queue import Empty as queue_empty
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, fn: Callable, args: tuple, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+        try:
+            # plain pickle bytes: a tensor sent through the queue as shared memory dies with this process
+            queue.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the parent with the traceback
+        queue.put((rank, "error", traceback.format_exc()))
+        raise
+
+
+def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 300.0) -> list[Any]:
+    """fn(rank, world, *args) on `world` gloo processes -> the results in rank order."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, world, port, fn, args, queue), daemon=True)
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors = []
+    for _ in range(world):
+        try:
+            rank, status, value = queue.get(timeout=timeout)
+        except queue_empty:
+            errors.append(f"no result within {timeout} s (exit codes {[p.exitcode for p in procs]})")
+            break
+        if status == "ok":
+            results[rank] = pickle.loads(value)
+        else:
+            errors.append(f"rank {rank}:\n{value}")
+            break
+    for p in procs:
+        p.join(timeout=timeout if not errors else 5)
+        if p.is_alive():
+            p.kill()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [results[r] for r in range(world)]
