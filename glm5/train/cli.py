@@ -3,9 +3,11 @@ rl) on its own rollouts with the IcePop objective."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import click
@@ -74,6 +76,35 @@ def _run_dir(out: str, resume: bool) -> Path:
     except OSError as exc:
         raise click.BadParameter(fsio.describe(exc), param_hint="'--out'") from None
     return path
+
+
+def _parallel(nproc: int, mesh: str | None, stage: str, batch_size: int):
+    """The Mesh of a run on several processes (None for one), checked against --nproc, --stage and
+    --batch-size in one line naming the option. Under torchrun, --nproc defaults to its WORLD_SIZE."""
+    from glm5.train.distributed import under_torchrun
+    from glm5.train.mesh import Mesh, check_mesh, parse_mesh
+
+    ctx = click.get_current_context()
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if ctx.get_parameter_source("nproc") == click.core.ParameterSource.COMMANDLINE and nproc != world:
+            raise click.BadParameter(f"torchrun started {world} processes, got {nproc}",
+                                     param_hint="'--nproc'")
+        nproc = world
+    try:
+        parsed = parse_mesh(mesh) if mesh is not None else Mesh(dp=nproc)
+        check_mesh(parsed, nproc)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--mesh'") from None
+    if nproc == 1:
+        return None
+    if stage == "rl":
+        raise click.BadParameter("rl on several processes: not in this build yet (run it with --nproc 1)",
+                                 param_hint="'--stage'")
+    if batch_size % parsed.dp:
+        raise click.BadParameter(f"the global batch must divide by dp ({parsed.dp}), got {batch_size}",
+                                 param_hint="'--batch-size'")
+    return parsed
 
 
 def _check_resume_options(cfg, out: Path) -> None:
@@ -153,6 +184,13 @@ def _check_resume_options(cfg, out: Path) -> None:
     help="Sample in bf16 or with the FP8 policy (FP8 linears, indexer and cache): the rl stage's rollouts "
     "and the rollout check.",
 )
+@click.option("--nproc", default=1, show_default=True, type=_POS,
+              help="Processes (ranks) on this machine; above 1 the command re-runs itself under torchrun.")
+@click.option("--mesh", default=None,
+              help="Parallel layout, e.g. dp=2 or dp=2,tp=1,ep=1,pp=1 (axes multiply to --nproc)  "
+              "[default: dp=NPROC]")
+@click.option("--zero", type=click.Choice(["2", "3"]), default="3", show_default=True,
+              help="FSDP2 stage: 3 frees each layer's parameters after forward, 2 keeps them for backward.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(
     preset,
@@ -181,13 +219,18 @@ def train(
     temperature,
     rollout_check,
     rollout_precision,
+    nproc,
+    mesh,
+    zero,
     quiet,
 ) -> None:
     """Train GLM-5 with Muon Split, MTP and the DSA stages, or RL with IcePop (--stage rl); metrics.jsonl,
     loss.png, checkpoints in OUT."""
+    from glm5.train import distributed
     from glm5.train.loop import Diverged, NothingToResume, RunExists, StepsDone, TrainConfig, Trainer
     from glm5.train.plots import plot_metrics
 
+    parallel = _parallel(nproc, mesh, stage, batch_size)
     backend = backend or os.environ.get("GLM5_BACKEND") or MODEL_DEFAULT_BACKEND
     backend_choice(backend)
     check_preset_fits(None if model_path is not None or resume else preset, "'--config'")
@@ -221,14 +264,24 @@ def train(
         _check_sequence_fits(model_path, preset, seq_len if stage != "rl" else prompt_len + response_len,
                              "'--seq-len'" if stage != "rl" else "'--prompt-len' + '--response-len'")
     out = _run_dir(out, resume)
-    with one_writer(out, out / ".lock"):  # inside the run directory: its parent may not be ours
+    ranked = distributed.under_torchrun()
+    # one writer: this process, or (a rank) the launcher that started it, or (plain torchrun) rank 0
+    lock = (contextlib.nullcontext() if ranked and (distributed.lock_held_by_launcher() or distributed.rank())
+            else one_writer(out, out / ".lock"))
+    with lock:  # inside the run directory: its parent may not be ours
         # a checkpoint a killed save set aside is put back before the resume check reads it (the Trainer
         # does it too, for library callers)
         fsio.recover(out / "checkpoints")
         if resume:
             _check_resume_options(cfg, out)
+        if parallel is not None and not ranked:
+            sys.stdout.flush()
+            code = distributed.launch(sys.argv[1:], nproc)
+            if code:
+                raise SystemExit(code)
+            return
         try:
-            trainer = Trainer(cfg, out, resume=resume)
+            trainer = Trainer(cfg, out, resume=resume, mesh=parallel, zero=int(zero))
         except RunExists as exc:
             raise click.BadParameter(str(exc), param_hint="'--out'") from None
         except NothingToResume as exc:
@@ -244,6 +297,11 @@ def train(
             raise click.ClickException(str(exc)) from None
         except OSError as exc:  # a full disk: the save's staging is gone, the last checkpoint intact
             raise click.ClickException(f"{fsio.describe(exc)} (nothing of this save was published)") from None
+        if trainer.dist is not None:
+            trainer.dist.close()
+            if not trainer.dist.is_writer:
+                return
+            rollout_check = False  # the sampler runs on a whole model: check the exported checkpoint instead
         try:
             plot_metrics(out / "metrics.jsonl", out / "loss.png", summary["init_eval_loss"])
         except ImportError as exc:

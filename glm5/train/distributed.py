@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -42,14 +43,18 @@ def under_torchrun() -> bool:
 def launch(argv: list[str], nproc: int) -> int:
     """Run `glm5 <argv>` on `nproc` local processes under torchrun; the exit code of the first failed
     rank (0 when every rank succeeded). The caller holds the run's lock; its ranks are told so."""
-    from torch.distributed import run
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    import uuid
 
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # torchrun --standalone: a rendezvous on a free local port
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
     os.environ[LOCK_HOLDER_ENV] = str(os.getpid())
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    args = ["--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0", "-m", "glm5.cli", *argv]
     try:
-        run.main(args)
+        elastic_launch(config, entrypoint=sys.executable)("-m", "glm5.cli", *argv)
     except ChildFailedError as exc:
         codes = [f.exitcode for _, f in sorted(exc.failures.items())]
         return next((c for c in codes if c), 1)
@@ -79,8 +84,9 @@ class Dist:
     world: int
 
     @classmethod
-    def setup(cls, mesh: Mesh, zero: int, device: torch.device) -> Dist:
+    def setup(cls, mesh: Mesh, zero: int, device: torch.device | str) -> Dist:
         """Join the process group (started by torchrun's environment) and build the dp DeviceMesh."""
+        device = torch.device(device)
         if zero not in ZERO_STAGES:
             raise ValueError(f"zero: expected one of {ZERO_STAGES}, got {zero!r}")
         if not dist.is_initialized():
@@ -108,6 +114,17 @@ class Dist:
         # the root keeps its parameters gathered after forward: the MTP loss runs after model() returns
         fully_shard(model, mesh=self.device_mesh, reshard_after_forward=False)
 
+    @staticmethod
+    def reshard(model: torch.nn.Module) -> None:
+        """Free what a forward without backward (evaluation) left gathered: the root unit keeps its
+        parameters after forward, and until it is resharded the model's registered parameters are the
+        gathered ones, not the shards the optimizers and checkpoints hold."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
+
     def local_batch(self, ids: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the global batch [B, S] (B divides by dp: checked by the CLI / Trainer)."""
         per = ids.shape[0] // self.mesh.dp
@@ -133,6 +150,9 @@ class Dist:
         t = torch.tensor([value], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t[0])
+
+    def barrier(self) -> None:
+        dist.barrier()
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -20,11 +20,14 @@ from pathlib import Path
 import torch
 
 from glm5 import fsio
+from glm5.checkpoint import read_config
 from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
+from glm5.train import dist_state
 from glm5.train.data import VOCAB_MIN, ByteCorpus
 from glm5.train.dsa import STAGES, AttentionProbe, ExpertBalancer
 from glm5.train.losses import lm_and_mtp
+from glm5.train.mesh import Mesh
 from glm5.train.muon import build_optimizers
 from glm5.train.rl import check_rl_options, rl_step
 from glm5.train.state import checkpoints, latest_checkpoint, load_into, load_trainer_state, save_checkpoint
@@ -129,9 +132,14 @@ def set_determinism(cfg: TrainConfig) -> None:
 class Trainer:
     """Run `cfg.steps` optimizer steps into `out` (metrics.jsonl, checkpoints/, loss.png, summary.json).
     With `resume`, continue from `out/checkpoints/latest` under the saved options (only `steps` may change).
+    With `mesh` (under torchrun, one Trainer per rank): FSDP2 data parallel at ZeRO stage `zero`
+    (glm5/train/distributed.py), sharded checkpoints (glm5/train/dist_state.py), which also resume on
+    another number of ranks.
     """
 
-    def __init__(self, cfg: TrainConfig, out: str | Path, resume: bool = False) -> None:
+    def __init__(
+        self, cfg: TrainConfig, out: str | Path, resume: bool = False, mesh: Mesh | None = None, zero: int = 3
+    ) -> None:
         self.out = Path(out)
         self.ckpt_root = self.out / "checkpoints"
         self.start_step, self.init_eval = 0, None
@@ -158,7 +166,10 @@ class Trainer:
             self.start_step, self.init_eval = saved["step"], saved.get("init_eval_loss")
         self.cfg = cfg
         set_determinism(cfg)
-        if ckpt is not None:
+        sharded = next((Path(p) for p in (ckpt, cfg.init) if p and dist_state.is_sharded(p)), None)
+        if sharded is not None:  # weights loaded once the model is sharded
+            self.model = GLM5ForCausalLM(GLM5Config.from_dict(read_config(sharded)), backend=cfg.backend)
+        elif ckpt is not None:
             self.model = GLM5ForCausalLM.from_pretrained(ckpt, backend=cfg.backend)
         elif cfg.init:
             self.model = GLM5ForCausalLM.from_pretrained(cfg.init, backend=cfg.backend)
@@ -170,15 +181,33 @@ class Trainer:
         if cfg.stage == "warmup":  # base frozen: only the indexers learn
             for name, p in self.model.named_parameters():
                 p.requires_grad_(".indexer." in name)
+        self.dist = None
+        if mesh is not None:
+            from glm5.train.distributed import Dist
+
+            if cfg.batch_size % mesh.dp:
+                raise ValueError(f"batch_size: the global batch ({cfg.batch_size}) must divide by dp "
+                                 f"({mesh.dp})")
+            if ckpt is not None and sharded is None:
+                raise ValueError(f"resume: {ckpt} was written by a 1-process run; resume it without --nproc")
+            self.dist = Dist.setup(mesh, zero, self.model.backend.device)
+            self.dist.shard(self.model)
+        if sharded is not None:
+            dist_state.load_model(sharded, self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizers = build_optimizers(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay)
-        if ckpt is not None:
+        if self.dist is not None:
+            self.optimizers = self.dist.optimizers(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay)
+        else:
+            self.optimizers = build_optimizers(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay)
+        if ckpt is not None and sharded is not None:
+            dist_state.load_trainer(ckpt, self.model, self.optimizers)
+        elif ckpt is not None:
             load_into(ckpt, self.optimizers)
         self.corpus = ByteCorpus(max_bytes=cfg.max_bytes)
         self.heldout = self.corpus.heldout_batches(cfg.batch_size, cfg.seq_len, cfg.eval_batches)
         self.probe = AttentionProbe(self.model, stage=None if cfg.stage == "rl" else cfg.stage)
         gamma = 0.0 if cfg.stage == "warmup" else cfg.balance_gamma
-        self.balancer = ExpertBalancer(self.model, gamma)
+        self.balancer = (self.dist.balancer if self.dist else ExpertBalancer)(self.model, gamma)
         self.device = self.model.backend.device
 
     # -- one step ---------------------------------------------------------------------------------
@@ -188,6 +217,8 @@ class Trainer:
             return rl_step(self, step)
         t0 = time.perf_counter()
         ids = self.corpus.batch(cfg.batch_size, cfg.seq_len, cfg.seed, step).to(self.device)
+        if self.dist is not None:
+            ids = self.dist.local_batch(ids)
         self.model.train()
         self.probe.reset()
         self.probe.active = self.balancer.active = True
@@ -206,7 +237,11 @@ class Trainer:
             if kl is not None:
                 total = total + cfg.kl_weight * kl
         total.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=False)
+        gnorm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=False)  # global norm
+        if self.dist is not None:
+            from glm5.train.distributed import full
+
+            gnorm = full(gnorm)
         for o in self.optimizers:
             o.step()
             o.zero_grad(set_to_none=True)
@@ -224,6 +259,10 @@ class Trainer:
             "tokens": (step + 1) * cfg.batch_size * cfg.seq_len,
             "step_s": time.perf_counter() - t0,
         }
+        if self.dist is not None:  # the record of the global batch: means of the ranks' losses
+            for key in ("loss", "lm_loss", "mtp_loss", "kl_loss"):
+                rec[key] = None if rec[key] is None else self.dist.mean(rec[key])
+            rec["max_attn_logit"] = self.dist.max(rec["max_attn_logit"])
         return rec
 
     @torch.no_grad()
@@ -235,19 +274,26 @@ class Trainer:
             float(self.model(b.to(self.device), labels=b.to(self.device), return_logits=False).loss)
             for b in self.heldout
         ]
+        if self.dist is not None:
+            self.dist.reshard(self.model)
         return sum(losses) / len(losses)
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self, progress: bool = True) -> dict:
         cfg = self.cfg
+        writer = self.dist is None or self.dist.is_writer  # rank 0 alone writes metrics and the summary
         self.out.mkdir(parents=True, exist_ok=True)
         metrics_path = self.out / "metrics.jsonl"
-        _truncate_metrics(metrics_path, self.start_step)
+        if writer:
+            _truncate_metrics(metrics_path, self.start_step)
+        if self.dist is not None:
+            self.dist.barrier()
         if self.init_eval is None:
             self.init_eval = self.evaluate()
         t0 = time.perf_counter()
         max_logit = 0.0
-        with _progress(progress, cfg.steps, self.start_step) as bar, metrics_path.open("a") as mf:
+        sink = metrics_path.open("a") if writer else open(os.devnull, "w")  # noqa: SIM115
+        with _progress(progress and writer, cfg.steps, self.start_step) as bar, sink as mf:
             for step in range(self.start_step, cfg.steps):
                 rec = self.train_step(step)
                 done = step + 1
@@ -260,10 +306,10 @@ class Trainer:
                     max_logit = max(max_logit, rec["max_attn_logit"])
                 if done % cfg.save_every == 0 or done == cfg.steps:
                     self._check_parameters(done)
-                    os.fsync(mf.fileno())  # the records a checkpoint covers are on disk before it is
-                    save_checkpoint(
-                        self.ckpt_root, done, self.model, self.optimizers, self._trainer_state(), cfg.keep
-                    )
+                    if writer:
+                        os.fsync(mf.fileno())  # the records a checkpoint covers are on disk before it is
+                    save = dist_state.save_sharded if self.dist is not None else save_checkpoint
+                    save(self.ckpt_root, done, self.model, self.optimizers, self._trainer_state(), cfg.keep)
                 bar(done, rec)
         summary = {
             "steps": cfg.steps,
@@ -275,7 +321,11 @@ class Trainer:
             **(_reward_span(metrics_path) if cfg.stage == "rl" else {}),
             "train_seconds_this_run": time.perf_counter() - t0,
         }
-        fsio.write_text_atomic(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        if self.dist is not None:
+            summary["world"] = self.dist.world
+            summary["zero"] = self.dist.zero
+        if writer:
+            fsio.write_text_atomic(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary
 
     def _trainer_state(self) -> dict:
@@ -283,7 +333,11 @@ class Trainer:
 
     @torch.no_grad()
     def _check_parameters(self, done: int) -> None:
-        bad = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
+        from glm5.train.distributed import local
+
+        bad = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(local(p)).all())]
+        if self.dist is not None and self.dist.max(float(len(bad))) and not bad:
+            bad = ["(a shard on another rank)"]
         if bad:
             raise Diverged(f"training diverged at step {done}: {len(bad)} parameter tensor(s) hold NaN or "
                            f"infinite values (e.g. {bad[0]}); no checkpoint written for it (try a lower "

@@ -1,0 +1,191 @@
+"""Sharded training checkpoints with torch.distributed.checkpoint (DCP), in safetensors (no pickle: DCP's
+Hugging Face storage keeps each rank's shard offsets in the safetensors header, not in a pickled
+.metadata file):
+
+    DIR/checkpoints/step-000200/  config.json
+      model/shard-0000R-model-00001-of-00001.safetensors     (each rank's shards of the model)
+      trainer/optim/shard-...safetensors, trainer/optimizer.json   (optimizer tensors; the rest in JSON)
+      trainer/rng-rankR.safetensors, trainer/trainer_state.json    (per-rank RNG; step, run options, world)
+
+Saved on N ranks, loaded on any number (DCP reshards on load), also by one process without a process
+group (`export_hf`). Staging, atomic publish, `latest` and pruning as glm5/train/state.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from glm5 import fsio
+from glm5.checkpoint import read_config, read_json
+from glm5.config import GLM5Config
+from glm5.train.state import LATEST, STAGING, TRAINER, checkpoints, rng_state, set_rng_state
+
+MODEL = "model"
+OPTIM = "optim"
+
+
+def is_sharded(path: Path) -> bool:
+    """True for a checkpoint in this module's layout (a `model/` directory of DCP shards)."""
+    return (Path(path) / MODEL).is_dir()
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _writer(path: Path) -> HuggingFaceStorageWriter:
+    return HuggingFaceStorageWriter(str(path), save_distributed=True)
+
+
+def _save(state: dict[str, torch.Tensor], path: Path) -> None:
+    dcp.save(state, storage_writer=_writer(path), no_dist=not dist.is_initialized())
+
+
+def _load(state: dict[str, torch.Tensor], path: Path) -> None:
+    dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=not dist.is_initialized())
+
+
+def _split_optimizer(osd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """The optimizer state dict as tensors keyed `FQN:NAME` and the rest (JSON)."""
+    tensors, state = {}, {}
+    for fqn, st in osd["state"].items():
+        state[fqn] = {}
+        for name, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"{fqn}:{name}"] = v
+                state[fqn][name] = {"__tensor__": f"{fqn}:{name}"}
+            else:
+                state[fqn][name] = v
+    return tensors, {"state": state, "param_groups": osd["param_groups"]}
+
+
+def save_sharded(
+    ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list, trainer: dict, keep: int = 2
+) -> Path:
+    """Every rank calls it: checkpoint `step-{step:06d}` written into a staging directory (rank 0 makes
+    it, every rank writes its shards), published atomically by rank 0, `latest` re-pointed, the newest
+    `keep` checkpoints kept."""
+    rank, name = _rank(), f"step-{step:06d}"
+    box: list[Any] = [fsio.staging_dir(ckpt_root, STAGING) if rank == 0 else None]
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)  # the staging path, between this run's own processes
+    staging: Path = box[0]
+    final = ckpt_root / name
+    try:
+        d = staging / name
+        tensors, meta = _split_optimizer(get_optimizer_state_dict(model, optimizers))
+        _save(get_model_state_dict(model), d / MODEL)
+        _save(tensors, d / TRAINER / OPTIM)
+        fsio.save_tensors(rng_state(), d / TRAINER / f"rng-rank{rank}.safetensors")
+        if rank == 0:
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            fsio.write_text(d / "config.json", json.dumps(model.config.to_dict(), indent=2) + "\n")
+            fsio.write_text(d / TRAINER / "optimizer.json", json.dumps(meta, indent=1) + "\n")
+            fsio.write_text(d / TRAINER / "trainer_state.json",
+                            json.dumps(dict(trainer, step=step, world=world), indent=2) + "\n")
+        _barrier()  # every shard is written before rank 0 publishes
+        if rank == 0:
+            fsio.publish_dir(d, final, STAGING)
+            fsio.point_symlink(ckpt_root / LATEST, name)
+            older = sorted((s, p) for s, p in checkpoints(ckpt_root) if s < step)
+            for _, old in older[: max(len(older) - (keep - 1), 0)]:
+                fsio.remove_dir(old)
+        _barrier()
+    finally:
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def load_model(path: Path, model: torch.nn.Module) -> None:
+    """The model weights of the sharded checkpoint `path` into `model` (sharded or whole)."""
+    msd = get_model_state_dict(model)
+    _load(msd, Path(path) / MODEL)
+    set_model_state_dict(model, msd)
+
+
+def load_trainer(path: Path, model: torch.nn.Module, optimizers: list) -> None:
+    """Optimizer states (resharded to this run's layout) and this rank's RNG state."""
+    path = Path(path)
+    meta = read_json(path / TRAINER, "optimizer.json")
+    params = dict(model.named_parameters())
+    md = HuggingFaceStorageReader(str(path / TRAINER / OPTIM)).read_metadata().state_dict_metadata
+    template: dict[str, torch.Tensor] = {}
+    for key, info in md.items():
+        p = params.get(key.rsplit(":", 1)[0])
+        if p is None:
+            raise ValueError(f"path: {path} holds optimizer state of {key!r}, which the model has not")
+        same = tuple(info.size) == tuple(p.shape) and info.properties.dtype == p.dtype
+        template[key] = torch.zeros_like(p) if same else torch.zeros(info.size, dtype=info.properties.dtype)
+    _load(template, path / TRAINER / OPTIM)
+    state = {
+        fqn: {k: template[v["__tensor__"]] if isinstance(v, dict) and "__tensor__" in v else v
+              for k, v in st.items()}
+        for fqn, st in meta["state"].items()
+    }
+    # not strict: a parameter that never had a gradient (an indexer in a run without the KL) has no state
+    set_optimizer_state_dict(model, optimizers, {"state": state, "param_groups": meta["param_groups"]},
+                             options=StateDictOptions(strict=False))
+    rng = path / TRAINER / f"rng-rank{_rank()}.safetensors"
+    if not rng.exists():  # loaded on more ranks than saved: the extra ranks continue rank 0's stream
+        rng = path / TRAINER / "rng-rank0.safetensors"
+    from safetensors.torch import load_file
+
+    set_rng_state(load_file(fsio.inside(rng.parent, rng.name, "rng state")))
+
+
+def model_from(path: Path, backend: str | None = None) -> torch.nn.Module:
+    """A whole (unsharded) GLM5ForCausalLM with the weights of the sharded checkpoint `path`."""
+    from glm5.model import GLM5ForCausalLM
+
+    model = GLM5ForCausalLM(GLM5Config.from_dict(read_config(Path(path))), backend=backend)
+    load_model(path, model)
+    return model
+
+
+def export_hf(src: Path, out: Path) -> None:
+    """The sharded checkpoint `src` as a Hugging Face directory `out` (config.json + safetensors, the
+    layout from_pretrained reads), written in a staging directory and published atomically."""
+    model = model_from(src)
+    staging = fsio.staging_dir(out.parent, f".{out.name}{STAGING}")
+    try:
+        model.save_pretrained(staging / out.name)
+        fsio.publish_dir(staging / out.name, out, f".{out.name}{STAGING}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def import_hf(src: Path, out: Path) -> None:
+    """A Hugging Face directory `src` as a sharded checkpoint `out` (config.json + model/): what a
+    distributed run starts from with --model."""
+    from glm5.model import GLM5ForCausalLM
+
+    model = GLM5ForCausalLM.from_pretrained(src)
+    staging = fsio.staging_dir(out.parent, f".{out.name}{STAGING}")
+    try:
+        d = staging / out.name
+        _save(get_model_state_dict(model), d / MODEL)
+        fsio.write_text(d / "config.json", json.dumps(model.config.to_dict(), indent=2) + "\n")
+        fsio.publish_dir(d, out, f".{out.name}{STAGING}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
