@@ -171,8 +171,10 @@ class DistributedMuon(Muon):
 
     `params` as for Muon: groups with `params` and `blocks`, the Blocks of each FULL parameter. All ranks
     of a parameter's process group must construct it with the same parameters in the same order and
-    call `step` together. `ns_calls` / `ns_matrices` count Newton-Schulz calls and the matrices they
-    orthogonalised on this rank (cumulative), `last_step_bytes` the last step's Traffic.
+    call `step` together. `scheme='owner'` sends every sharded matrix to its owner, whole heads and
+    experts too (the split-unaware baseline the bench compares with). `ns_calls` / `ns_matrices` count
+    Newton-Schulz calls and the matrices they orthogonalised on this rank (cumulative),
+    `last_step_bytes` the last step's Traffic.
     """
 
     def __init__(
@@ -184,7 +186,10 @@ class DistributedMuon(Muon):
         weight_decay: float = 0.1,
         ns_steps: int = 5,
         ns_dtype: torch.dtype = torch.float32,
+        scheme: str = "split",
     ) -> None:
+        if scheme not in ("owner", "split"):
+            raise ValueError(f"scheme: expected 'owner' or 'split', got {scheme!r}")
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps
         )
@@ -202,7 +207,10 @@ class DistributedMuon(Muon):
                 full = lay.full_shape if lay else tuple(p.shape)
                 if len(full) < 2 or blk.heads * sum(blk.sections) != math.prod(full[:-1]):
                     raise ValueError(f"blocks: {blk} does not tile a parameter of shape {full}")
-                local_blk = blk if lay is None else lay.local_blocks(blk)
+                if lay is None:  # replicated: updated on every rank
+                    local_blk = blk
+                else:
+                    local_blk = lay.local_blocks(blk) if scheme == "split" else None
                 entry = _Entry(blk, lay, local_blk)
                 self._entries[id(p)] = entry
                 if local_blk is None:

@@ -67,6 +67,11 @@ def test_analytic_bytes_reproduce_the_issue_figures():
 def test_bad_scheme_is_one_clear_error():
     with pytest.raises(ValueError, match="scheme: expected one of"):
         muon_bytes(None, 2, "ring", params=[])
+    p = nn.Parameter(torch.zeros(4, 4))
+    with pytest.raises(ValueError, match="scheme: expected 'owner' or 'split'"):
+        DistributedMuon([{"params": [p], "blocks": [Blocks(1, (4,))]}], scheme="naive")
+    with pytest.raises(ValueError, match=r"blocks: .* does not tile a parameter of shape \(4, 4\)"):
+        DistributedMuon([{"params": [p], "blocks": [Blocks(3, (4,))]}])
 
 
 # -- 2 ranks -------------------------------------------------------------------------------------------
