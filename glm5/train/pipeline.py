@@ -125,10 +125,9 @@ class StageModule(nn.Module):
         spec: StageSpec,
         mtp_steps: int,
         probe: AttentionProbe | None,
-        loss_stage: str,
     ) -> None:
         super().__init__()
-        self.spec, self.mtp_steps, self.loss_stage = spec, mtp_steps, loss_stage
+        self.spec, self.mtp_steps = spec, mtp_steps
         # the probe is not a module: a plain attribute keeps it out of the parameters
         self.__dict__["_model"] = model
         self.__dict__["_probe"] = probe
@@ -254,18 +253,17 @@ class Pipeline:
                 f"{tuple(ids.shape)}"
             )
         self.model.train()
-        parts: list[torch.Tensor] = []
-        self._parts_sink = parts
         losses: list[torch.Tensor] = []
         target = ids if self.has_output else None
-        self.schedule.step(ids=ids, target=target, losses=losses, return_outputs=False)
+        outputs = self.schedule.step(ids=ids, target=target, losses=losses)
         if not self.has_output:
             self.parts = {}
             return None
         total = losses[0].detach()
         for loss in losses[1:]:
             total = total + loss.detach()
-        mean = torch.stack(parts).sum(0) / self.n_microbatches
+        # the output stage's (lm, mtp, kl) of every micro-batch, concatenated by the schedule
+        mean = outputs.detach().view(self.n_microbatches, 3).sum(0) / self.n_microbatches
         lm, mtp, kl = (float(v) for v in mean)
         mtp_on = any(m.mtp_steps for m in self.stages)
         kl_on = any(m.kl for m in self.stages)
@@ -299,14 +297,12 @@ class Pipeline:
 class _Loss:
     """The schedule's loss_fn: one micro-batch's (lm, mtp, kl) -> its share of the batch loss."""
 
-    pipe: Pipeline
     n: int
     loss_stage: str
     mtp_weight: float | None  # None: no MTP term
     kl_weight: float | None  # None: no KL term
 
     def __call__(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        self.pipe._parts_sink.append(out.detach())
         lm, mtp, kl = out[0], out[1], out[2]
         if self.loss_stage == "warmup":
             total = self.kl_weight * kl
@@ -359,16 +355,16 @@ def build_pipeline(
         raise ValueError(f"stages_per_rank: {schedule!r} runs one stage per rank, got {stages_per_rank}")
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     specs = plan_stages(model, size * v, mtp_stage, layers)
-    modules = [StageModule(model, specs[rank + k * size], mtp_steps, probe, loss_stage) for k in range(v)]
+    modules = [StageModule(model, specs[rank + k * size], mtp_steps, probe) for k in range(v)]
     device = model.backend.device
     pp_stages = [PipelineStage(m, m.spec.index, len(specs), device, group=group) for m in modules]
-    pipe = Pipeline(model, modules, None, group, n_microbatches)  # type: ignore[arg-type]
     kl_on = probe is not None and probe.stage is not None
-    loss_fn = _Loss(pipe, n_microbatches, loss_stage, mtp_weight if mtp_steps else None,
-                    kl_weight if kl_on else None)
-    pipe.schedule = (
+    loss_fn = _Loss(
+        n_microbatches, loss_stage, mtp_weight if mtp_steps else None, kl_weight if kl_on else None
+    )
+    run = (
         cls(pp_stages, n_microbatches, loss_fn=loss_fn, scale_grads=False)
         if multi
         else cls(pp_stages[0], n_microbatches, loss_fn=loss_fn, scale_grads=False)
     )
-    return pipe
+    return Pipeline(model, modules, run, group, n_microbatches)

@@ -34,23 +34,54 @@ def _ids(seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 512, (B, S), generator=torch.Generator().manual_seed(seed))
 
 
-def _loop_loss(model: GLM5ForCausalLM, probe: AttentionProbe, ids: torch.Tensor) -> torch.Tensor:
-    """The loop's 'sparse' stage loss (Trainer.train_step, kl_weight 1)."""
+def _loop_loss(model: GLM5ForCausalLM, probe: AttentionProbe, ids: torch.Tensor, parts: list | None = None):
+    """The loop's 'sparse' stage loss (Trainer.train_step, kl_weight 1); its terms appended to parts."""
     probe.reset()
     losses = lm_and_mtp(model, ids, 1)
-    return losses.lm + MTP_W * losses.mtp + 1.0 * probe.kl_loss()
+    kl = probe.kl_loss()
+    if parts is not None:
+        parts.append([float(losses.lm), float(losses.mtp), float(kl)])
+    return losses.lm + MTP_W * losses.mtp + 1.0 * kl
 
 
-def _emulate(ids: torch.Tensor, n: int) -> tuple[GLM5ForCausalLM, torch.Tensor]:
-    """The 1-process run over the same micro-batches, in micro-batch order."""
+def _emulate(ids: torch.Tensor, n: int) -> tuple[GLM5ForCausalLM, torch.Tensor, list[float]]:
+    """The 1-process run over the same micro-batches, in micro-batch order; the mean lm / mtp / kl."""
     model = _model()
     probe = AttentionProbe(model, "sparse")
-    total = None
+    total, parts = None, []
     for mb in ids.chunk(n):
-        loss = _loop_loss(model, probe, mb) / n
+        loss = _loop_loss(model, probe, mb, parts) / n
         loss.backward()
         total = loss.detach() if total is None else total + loss.detach()
-    return model, total
+    return model, total, [sum(col) / n for col in zip(*parts, strict=True)]
+
+
+def _warmup(ids: torch.Tensor) -> dict:
+    """Stage 'warmup' (only the indexers train, on the KL alone), 1F1B against the micro-batch run."""
+    from glm5.train.pipeline import build_pipeline
+
+    models = [_model(), _model()]
+    for model in models:
+        for name, p in model.named_parameters():
+            p.requires_grad_(".indexer." in name)
+    ref, model = models
+    probe = AttentionProbe(ref, "warmup")
+    for mb in ids.chunk(N_MB):
+        probe.reset()
+        lm_and_mtp(ref, mb, 1)
+        (1.0 * probe.kl_loss() / N_MB).backward()
+    ref_grads = dict(ref.named_parameters())
+    pipe = build_pipeline(model, None, "1f1b", N_MB, "own", probe=AttentionProbe(model, "warmup"),
+                          loss_stage="warmup")
+    pipe.step(ids)
+    return {
+        "with_grad": [n for n, p in pipe.named_parameters() if p.grad is not None],
+        "grads_differ": [
+            n for n, p in pipe.named_parameters()
+            if (p.grad is None) != (ref_grads[n].grad is None)
+            or (p.grad is not None and not torch.equal(p.grad, ref_grads[n].grad))
+        ],
+    }
 
 
 def _whole(ids: torch.Tensor) -> tuple[GLM5ForCausalLM, torch.Tensor]:
@@ -68,7 +99,7 @@ def _agreement(rank: int, world: int, out_dir: str) -> None:
     from glm5.train.pipeline import build_pipeline
 
     ids = _ids()
-    ref, ref_loss = _emulate(ids, N_MB)
+    ref, ref_loss, ref_parts = _emulate(ids, N_MB)
     whole, whole_loss = _whole(ids)
     ref_grads = dict(ref.named_parameters())
     whole_grads = dict(whole.named_parameters())
@@ -101,8 +132,13 @@ def _agreement(rank: int, world: int, out_dir: str) -> None:
             rec["loss_equal"] = torch.equal(loss, ref_loss)
             rec["loss_rel_whole"] = _rel(loss, whole_loss)
             rec["parts"] = pipe.parts
+            rec["ref_parts"] = ref_parts
         out.append(rec)
-    out.append({"train_losses": _train(), "ref_n_grads": sum(p.grad is not None for p in ref.parameters())})
+    out.append({
+        "warmup": _warmup(ids),
+        "train_losses": _train(),
+        "ref_n_grads": sum(p.grad is not None for p in ref.parameters()),
+    })
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump(out, f)
 
@@ -157,7 +193,8 @@ def test_gradients_and_loss_bitwise_equal_the_micro_batch_emulation(agreement, i
     assert last["loss_equal"]
     assert last["loss_rel_whole"] < 1e-6
     assert "loss_equal" not in agreement[0][i]  # only the output stage returns the loss
-    assert last["parts"]["mtp"] is not None and last["parts"]["kl"] is not None
+    parts = [last["parts"][k] for k in ("lm", "mtp", "kl")]
+    assert parts == pytest.approx(last["ref_parts"], rel=1e-6)
     assert sum(r[i]["n_grads"] for r in agreement) == agreement[0][-1]["ref_n_grads"]
 
 
@@ -166,3 +203,10 @@ def test_twenty_steps_train(agreement):
     assert first == []  # only the output stage has the loss
     assert len(last) == TRAIN_STEPS
     assert last[-1] < 0.7 * last[0], last
+
+
+def test_indexer_warmup_stage_gradients_bitwise(agreement):
+    recs = [r[-1]["warmup"] for r in agreement]
+    assert [r["grads_differ"] for r in recs] == [[], []]
+    with_grad = [n for r in recs for n in r["with_grad"]]
+    assert with_grad and all(".indexer." in n for n in with_grad)
