@@ -14,6 +14,7 @@ import glm5.train.muon as muon_mod
 from glm5.config import GLM5Config
 from glm5.train.muon import Blocks, Muon, build_optimizers
 from glm5.train.muon_dist import (
+    SCHEMES,
     DistributedMuon,
     Layout,
     assign_owners,
@@ -62,6 +63,11 @@ def test_analytic_bytes_reproduce_the_issue_figures():
     assert (round(mb["naive"], 2), round(mb["owner"], 2), round(mb["split"], 2)) == (1.10, 0.55, 0.19)
     split = muon_bytes(None, 4, "split", params=params)
     assert split["per-head"] == split["per-expert"] == 0
+    # GLM-5 at 8 ranks: whole heads and experts stay put, the rest is 1.8% of the bytes, 0.46% of naive
+    big = muon_params(GLM5Config.from_preset("glm5-744b"))
+    fig = {s: muon_bytes(None, 8, s, element_size=2, params=big)["total"] for s in SCHEMES}
+    assert round(100 * fig["split"] / fig["naive"], 2) == 0.46
+    assert round(100 * fig["split"] / fig["owner"], 1) == 1.8
 
 
 def test_bad_scheme_is_one_clear_error():
