@@ -210,3 +210,36 @@ def test_indexer_warmup_stage_gradients_bitwise(agreement):
     assert [r["grads_differ"] for r in recs] == [[], []]
     with_grad = [n for r in recs for n in r["with_grad"]]
     assert with_grad and all(".indexer." in n for n in with_grad)
+
+
+def test_plan_passes_top_k_only_into_a_stage_that_starts_with_a_shared_layer():
+    from glm5.train.pipeline import plan_stages
+
+    model = _model()  # tiny: indexer types full, full, shared, full
+    last = plan_stages(model, 2, "last")
+    assert [(s.start, s.stop) for s in last] == [(0, 2), (2, 4)]
+    assert [(s.send_topk, s.recv_topk) for s in last] == [(True, False), (False, True)]
+    assert [(s.final_norm, s.output) for s in last] == [(False, False), (True, True)]
+    own = plan_stages(model, 2, "own")
+    assert [(s.start, s.stop, s.final_norm, s.output) for s in own] == [
+        (0, 4, True, False), (4, 4, False, True)
+    ]
+    assert not any(s.send_topk or s.recv_topk for s in own)
+    cut = plan_stages(model, 2, "last", layers=[3, 1])  # cut before a full layer: no top-k crosses
+    assert not any(s.send_topk or s.recv_topk for s in cut)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n_stages": 6}, "stages: expected 1..4"),
+        ({"n_stages": 2, "mtp_stage": "first"}, "mtp_stage: expected one of"),
+        ({"n_stages": 2, "layers": [4, 0]}, "layers: expected 2 counts >= 1 summing to 4"),
+    ],
+)
+def test_plan_refuses_a_bad_split_in_one_line(kwargs, message):
+    from glm5.train.pipeline import plan_stages
+
+    with pytest.raises(ValueError, match=message) as err:
+        plan_stages(_model(), **kwargs)
+    assert "\n" not in str(err.value)
