@@ -23,14 +23,19 @@ from vllm.platforms import current_platform
 
 import backends
 from backends import Backend, BackendUnavailable
+from glm5 import formats
 from glm5.attention import Step
 from glm5.cache import StepSlots
-from glm5.checkpoint import read_config
+from glm5.checkpoint import TensorFiles, read_config, without_absent_mtp
 from glm5.config import GLM5Config
 from glm5.layers import rope_angles
 from glm5.model import GLM5ForCausalLM
+from glm5.parallel import agreement
+from glm5.parallel.plan import apply
+from glm5.vllm import weights as weights_module
 from glm5.vllm.cache import Glm5CacheLayer, Glm5StepMetadata
 from glm5.vllm.fp8_cache import CacheFormats, FP8CacheOps, FP8PagedCaches
+from glm5.vllm.parallel import groups
 
 #: preferred built-in backends per device type, best first (GLM5_BACKEND overrides)
 PREFERENCE = {"cuda": ("cuda",), "npu": ("ascend",), "cpu": ("cpu", "reference")}
@@ -71,8 +76,31 @@ class Glm5BackendsForCausalLM(nn.Module):
                 f"GLM5_BACKEND={name!r} runs on {self.backend.device}, vLLM runs on "
                 f"{current_platform.device_type}"
             )
-        with torch.device("meta"):  # shapes only; load_weights builds the real one
+        #: quantized checkpoints load through the project's readers, whole (load_weights); float ones
+        #: through vLLM's weight iterator, each rank reading its slice of the plan (glm5/vllm/weights.py)
+        self.quantized = formats.claiming(self.path) is not None or formats.looks_quantized(self.path)
+        tp, ep = groups(vllm_config.parallel_config)
+        if self.quantized and tp is not None:
+            raise ValueError(
+                f"tensor_parallel_size: Glm5BackendsForCausalLM serves quantized checkpoints unsharded (1), "
+                f"got tensor_parallel_size {vllm_config.parallel_config.tensor_parallel_size}, "
+                f"enable_expert_parallel {vllm_config.parallel_config.enable_expert_parallel} ({self.path})"
+            )
+        if not self.quantized:  # the MTP layers the checkpoint holds, as from_pretrained decides
+            self.config = without_absent_mtp(self.config, TensorFiles(self.path).where, self.path)
+        with torch.device("meta"):  # shapes only
             self.glm = GLM5ForCausalLM(self.config, backend=self.backend, dtype=self.dtype)
+        self.tp = tp
+        if not self.quantized:
+            self.names = weights_module.CheckpointNames(self.glm)  # before the split: full shapes
+            if tp is not None:
+                apply(self.glm, tp=tp, ep=ep)
+            self.glm.to_empty(device=torch.get_default_device())  # local slices, for any load format
+            if self.config.tie_word_embeddings:
+                self.glm.lm_head.weight = self.glm.model.embed_tokens.weight
+            self.glm.requires_grad_(False).eval()
+        #: GLM5_VALIDATE=topk (or values / reference): the ranks' top-k compared once per step
+        self.agreement = agreement.TopkAgreement(tp) if tp is not None and agreement.enabled() else None
         c, cc = self.config, vllm_config.cache_config
         fmt = CacheFormats(c, cc.cache_dtype, self.backend, self.dtype)  # model dtype, or FP8 (fp8_cache.py)
         latent, index_k = [], []
@@ -128,7 +156,9 @@ class Glm5BackendsForCausalLM(nn.Module):
         self.counts["steps"] += 1
         self.counts["tokens"] += n
         self.counts["max_step_tokens"] = max(self.counts["max_step_tokens"], n)
-        hidden, _ = self.glm.model(input_ids[:n], step)
+        hidden, used = self.glm.model(input_ids[:n], step)
+        if self.agreement is not None:
+            self.agreement.check(used)
         if n == input_ids.shape[0]:
             return hidden
         out = hidden.new_zeros(input_ids.shape[0], hidden.shape[1])
@@ -145,12 +175,29 @@ class Glm5BackendsForCausalLM(nn.Module):
         return self.glm.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load through the project's readers (float, compressed-tensors or msModelSlim, strict), not
-        vLLM's iterator: the checkpoint's expert stacking and integer layouts are the project's."""
+        """Float checkpoints: vLLM's (name, tensor) iterator, each rank copying its slice into the existing
+        parameters (also an in-place update: `update_weights`) -> the names of the parameters loaded.
+        Quantized checkpoints: the project's readers (compressed-tensors, msModelSlim, FP8), unsharded."""
+        if not self.quantized:
+            return {f"glm.{name}" for name in weights_module.load(self.glm, self.names, weights)}
         del weights  # never read: the project's reader opens the same safetensors files
         self.glm = GLM5ForCausalLM.from_pretrained(self.path, backend=self.backend, dtype=self.dtype)
         self.glm.requires_grad_(False).eval()  # inference-only backends refuse grad-requiring weights
         return {name for name, _ in self.named_parameters()}
+
+    def process_weights_after_loading(self) -> None:
+        """vLLM's post-load hook (after every load format, dummy included): weights laid out once."""
+        self.glm.prepare_weights()
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Replace weights in place from full tensors under their checkpoint names (what an RL trainer
+        pushes: `llm.apply_model(lambda m: m.update_weights(pairs))`; each rank keeps its slice), laid out
+        again. Reset vLLM's prefix cache afterwards (`llm.reset_prefix_cache()`): it holds old keys."""
+        if self.quantized:
+            raise ValueError("update_weights: in-place updates take a float checkpoint's tensors only")
+        loaded = self.load_weights(named_tensors)
+        self.process_weights_after_loading()
+        return loaded
 
     # -- facts for tests and logs ---------------------------------------------------------------------
     def stats(self) -> dict:

@@ -31,10 +31,13 @@ def engine_env(backend: str, **extra: str) -> dict[str, str]:
     )
 
 
-def run_engine(cwd: Path, backend: str, env: dict[str, str] | None = None, **spec) -> dict:
-    """One vLLM engine in a fresh process (cwd: a scratch directory) -> its JSON result."""
+def run_engine(
+    cwd: Path, backend: str, env: dict[str, str] | None = None, script: Path = ENGINE, **spec
+) -> dict:
+    """One vLLM engine in a fresh process (cwd: a scratch directory) -> its JSON result, with the tail of
+    its stderr under "stderr"."""
     proc = subprocess.run(
-        [sys.executable, str(ENGINE), json.dumps(spec)],
+        [sys.executable, str(script), json.dumps(spec)],
         env=env or engine_env(backend),
         cwd=cwd,
         capture_output=True,
@@ -44,7 +47,7 @@ def run_engine(cwd: Path, backend: str, env: dict[str, str] | None = None, **spe
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("GLM5-RESULT ")]
     if proc.returncode or not lines:
         raise AssertionError(f"engine failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
-    return json.loads(lines[-1].removeprefix("GLM5-RESULT "))
+    return {**json.loads(lines[-1].removeprefix("GLM5-RESULT ")), "stderr": proc.stderr[-20000:]}
 
 
 def expected_tokens(model_dir: Path, backend: str, prompts: list[list[int]]) -> list[list[int]]:

@@ -1,0 +1,123 @@
+"""Run one vLLM engine on a GLM-5 checkpoint through the plugin, split over tensor_parallel_size CPU workers
+(optionally with expert parallel), and print one JSON line; tests/vllm/test_tp.py runs it in a fresh process.
+
+    python tests/vllm/parallel_engine.py '{"model": DIR, "prompts": [[1, 2], ...], "tensor_parallel_size": 2}'
+
+In order, per spec key: greedy tokens and prompt log-probs of `prompts`; every worker's parameter bytes
+(all, and those of the plan's split parameters, full and local); "update_from": a second float checkpoint's
+tensors pushed in place (`update_weights`), then the prompts again ("updated_tokens"); "perturb_layer":
+rank 1's indexer of that layer fed a perturbed input, then the prompts again, the error kept ("perturbed").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model sends functions to workers
+
+
+def _bytes(m) -> dict:
+    from vllm.distributed.parallel_state import get_tp_group
+
+    plan = getattr(m.glm, "glm5_plan", {})
+    params = dict(m.glm.named_parameters())
+    split = [params[n] for n in plan]
+    full = sum(_numel(info.full_shape) * params[n].element_size() for n, info in plan.items())
+    return {
+        "rank": get_tp_group().rank_in_group,
+        "all": sum(p.numel() * p.element_size() for p in params.values()),
+        "split_local": sum(p.numel() * p.element_size() for p in split),
+        "split_full": full,
+    }
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _perturb(layer: int):
+    def install(m) -> int:
+        from vllm.distributed.parallel_state import get_tp_group
+
+        if get_tp_group().rank_in_group != 1:
+            return 0
+        indexer = m.glm.model.layers[layer].self_attn.indexer
+        indexer.register_forward_pre_hook(lambda mod, a: (a[0], -a[1], *a[2:]))
+        return 1
+
+    return install
+
+
+def _update(pairs):
+    return lambda m: len(m.update_weights(pairs))
+
+
+def main(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(
+        spec["model"],
+        hf_overrides={"architectures": ["Glm5BackendsForCausalLM"]},
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        block_size=spec.get("block_size", 16),
+        max_model_len=256,
+        max_num_batched_tokens=spec.get("max_num_batched_tokens", 16),  # chunked prefill
+        max_num_seqs=8,
+        kv_cache_memory_bytes=1 << 24,
+        dtype="float32",
+        seed=0,
+        tensor_parallel_size=spec.get("tensor_parallel_size", 1),
+        enable_expert_parallel=spec.get("enable_expert_parallel", False),
+        load_format=spec.get("load_format", "auto"),
+        distributed_executor_backend="mp" if spec.get("tensor_parallel_size", 1) > 1 else None,
+    )
+    out: dict = {"start_s": time.perf_counter() - t0}
+    prompts = [{"prompt_token_ids": p} for p in spec["prompts"]]
+    sp = SamplingParams(
+        max_tokens=spec.get("max_tokens", 16), temperature=0.0, ignore_eos=True, detokenize=False,
+        prompt_logprobs=0,
+    )
+
+    def run() -> tuple[list, list]:
+        res = llm.generate(prompts, sp, use_tqdm=False)
+        toks = [list(o.outputs[0].token_ids) for o in res]
+        plp = [[lp[p].logprob for lp, p in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:])] for o in res]
+        return toks, plp
+
+    t0 = time.perf_counter()
+    out["tokens"], out["prompt_logprobs"] = run()
+    out["generate_s"] = time.perf_counter() - t0
+    out["bytes"] = llm.apply_model(_bytes)
+    out["stats"] = llm.apply_model(lambda m: m.stats())[0]
+    if spec.get("update_from"):
+        from safetensors.torch import load_file
+
+        from glm5.checkpoint import weight_files
+
+        files = set(weight_files(Path(spec["update_from"])).values())
+        pairs = [kv for f in sorted(files) for kv in load_file(f).items()]
+        out["updated_params"] = llm.apply_model(_update(pairs))
+        llm.reset_prefix_cache()
+        out["updated_tokens"], _ = run()
+    if spec.get("perturb_layer") is not None:
+        out["perturbed_ranks"] = llm.apply_model(_perturb(spec["perturb_layer"]))
+        try:
+            run()
+            out["perturbed"] = None
+        except Exception as e:  # the worker's TopkDisagreement ends the engine; its text is in stderr
+            out["perturbed"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+if __name__ == "__main__":
+    print("GLM5-RESULT " + json.dumps(main(json.loads(sys.argv[1]))), flush=True)
