@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, str] = {
     "quantize": "quant.cli:quantize",
     "export-onnx": "glm5.onnx_export.export:export_onnx",
     "train": "glm5.train.cli:train",
+    "checkpoint": "glm5.train.checkpoint_cli:checkpoint",
     "plan": "glm5.deploy.cli:plan",
     "port": "glm5.port.cli:port",
 }
@@ -32,6 +33,7 @@ SUMMARIES: dict[str, str] = {
     "export-onnx": "Export the prefill graph (input_ids -> logits) with the glm5 ONNX functions.",
     "train": "Train GLM-5 (Muon Split, MTP, DSA stages, RL with IcePop); metrics and checkpoints in --out.",
     "plan": "Plan a deployment: which checkpoint, parallelism and memory fit the machines.",
+    "checkpoint": "Convert a sharded training checkpoint to the Hugging Face layout (export-hf) and back.",
 }
 
 # the pip extra a command's imports need, for the one-line error when it is missing

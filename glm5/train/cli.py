@@ -318,5 +318,7 @@ def train(
             summary["rollout"] = stats
             fsio.write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     click.echo(json.dumps(summary, indent=2))
-    click.echo(f"checkpoint: {out / 'checkpoints' / 'latest'}  (e.g. glm5 generate --model "
-               f"{out / 'checkpoints' / 'latest'})", err=True)
+    latest = out / "checkpoints" / "latest"
+    use = (f"glm5 checkpoint export-hf {latest} HF_DIR, then glm5 generate --model HF_DIR" if parallel
+           else f"e.g. glm5 generate --model {latest}")
+    click.echo(f"checkpoint: {latest}  ({use})", err=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +59,15 @@ def _writer(path: Path) -> HuggingFaceStorageWriter:
 
 
 def _save(state: dict[str, torch.Tensor], path: Path) -> None:
-    dcp.save(state, storage_writer=_writer(path), no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():  # one process without a process group is this module's intent
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.save(state, storage_writer=_writer(path), no_dist=not dist.is_initialized())
 
 
 def _load(state: dict[str, torch.Tensor], path: Path) -> None:
-    dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=not dist.is_initialized())
 
 
 def _split_optimizer(osd: dict) -> tuple[dict[str, torch.Tensor], dict]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -109,6 +110,8 @@ class Dist:
         from torch.distributed.fsdp import fully_shard
 
         reshard = self.zero == 3
+        # the model returns views (e.g. its loss); nothing here modifies them in place
+        warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor")
         for layer in model.model.layers[: model.config.num_hidden_layers]:
             fully_shard(layer, mesh=self.device_mesh, reshard_after_forward=reshard)
         # the root keeps its parameters gathered after forward: the MTP loss runs after model() returns
