@@ -6,7 +6,7 @@ one micro-batch, so a stage's gradients are bitwise those of the 1-process run o
 micro-batches (tests/glm5/train/test_pipeline.py).
 
 Stages, in order: the first holds `embed_tokens`; each holds a contiguous run of decoder layers; the
-output stage holds the final norm's consumer `lm_head`, the LM loss (the backend's
+output stage holds `lm_head`, the LM loss (the backend's
 `linear_cross_entropy`) and the MTP layer with its loss. `mtp_stage="last"` puts the MTP layer with the
 last decoder layers; `mtp_stage="own"` gives it, `lm_head` and both losses a stage of their own (the
 decoder layers then fill the other stages, the last of them ending in the final norm).
@@ -44,6 +44,7 @@ from torch.distributed.pipelining.schedules import (
 )
 
 from glm5.model import GLM5ForCausalLM
+from glm5.parallel.group import TorchGroup
 from glm5.train.dsa import AttentionProbe
 from glm5.train.losses import shifted
 
@@ -283,8 +284,6 @@ class Pipeline:
         local = torch.zeros((), dtype=torch.float64)
         for g in grads:
             local += torch.linalg.vector_norm(g.double()) ** 2
-        from glm5.parallel.group import TorchGroup
-
         total = math.sqrt(float(TorchGroup(self.group).all_reduce(local.reshape(1)).item()))
         coef = max_norm / (total + 1e-6)
         if coef < 1:
