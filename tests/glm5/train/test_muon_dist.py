@@ -257,7 +257,41 @@ def _ranks_fsdp_tp(rank: int, world: int, tmp: str) -> dict:
         })
     out["ref_matrices"] = ref_matrices
     out["owners"] = {k: e.owner for k, e in enumerate(opt._entries.values())}
+    out["plan"] = _plan_steps(rank, world)
     return out
+
+
+def _plan_steps(rank: int, world: int) -> dict:
+    """The tiny model split by glm5.parallel.plan (tp=2, experts ep=2): two steps against 1-process Muon."""
+    from glm5.parallel.group import TorchGroup
+    from glm5.parallel.plan import apply
+
+    ref = make_model(0)
+    ref_opt = build_optimizers(ref, "muon-split", LR, WD)[0]
+    model = make_model(0)
+    apply(model, tp=TorchGroup(), ep=TorchGroup())
+    opt = build_distributed_optimizers(model, "muon-split", LR, WD)[0]
+    names = {id(p): n for n, p in model.named_parameters()}
+    ref_by_name = dict(ref.named_parameters())
+    params = opt.param_groups[0]["params"]
+    ref_params = [ref_by_name[names[id(p)]] for p in params]
+    kinds = set()
+    bad = []
+    for step in (1, 2):
+        for k, (rp, p) in enumerate(zip(ref_params, params, strict=True)):
+            g = _grad(rp.shape, step, k)
+            rp.grad = g
+            info = getattr(p, "glm5_shard", None)  # None: replicated, updated whole on every rank
+            p.grad = g if info is None else g.narrow(info.dim, info.start, info.length).clone()
+        ref_opt.step()
+        opt.step()
+        for rp, p in zip(ref_params, params, strict=True):
+            info = getattr(p, "glm5_shard", None)
+            want = rp.detach() if info is None else rp.detach().narrow(info.dim, info.start, info.length)
+            if not torch.equal(want, p.detach()):
+                bad.append(f"step {step} {names[id(p)]}")
+            kinds.add(info.kind if info else "replicated")
+    return {"bad": bad, "kinds": sorted(kinds), "bytes": opt.last_step_bytes, "planned": opt.planned_bytes()}
 
 
 def _local(p):
@@ -285,3 +319,11 @@ def test_two_ranks_fsdp2_and_tensor_parallel_bitwise_bytes_and_one_newton_schulz
         extra = [s["extra_bytes"] for s in per_rank]
         assert all(e.received["per-head"] > 0 and e.received["per-expert"] > 0 for e in extra)
     assert set(results[0]["owners"].values()) >= {-1, 0, 1}  # local ones, and owners on both ranks
+    # the lead's plan: whole heads and whole experts move nothing, col- / rowwise go through an owner
+    for r, res in enumerate(results):
+        plan = res["plan"]
+        assert not plan["bad"], f"rank {r}: {plan['bad']}"
+        assert plan["kinds"] == ["colwise", "experts-ep", "heads", "replicated", "rowwise"]
+        assert plan["bytes"] == plan["planned"]
+        assert plan["bytes"].received["per-head"] == plan["bytes"].received["per-expert"] == 0
+        assert plan["bytes"].received["matrix"] > 0
