@@ -57,11 +57,16 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
         """x [T, D], ids int32 [T, k], w fp32 [T, k] -> sum_j w[t, j] * expert_{ids[t, j]}(x[t])  [T, D]."""
         d = moe.dispatch(ids, self.gate_proj.shape[0])
-        xs = x[d.token]  # [T*k, D], expert-sorted
+        return moe.combine(self.rows(x, d, be), w, d).to(x.dtype)
+
+    def rows(self, x: torch.Tensor, d: moe.Dispatch, be: Backend) -> torch.Tensor:
+        """The expert output of every (token, slot) pair, in d's expert-sorted order: [T*k, D]. Every
+        experts module (float, quantized) has this, so expert parallelism wraps any of them."""
+        xs = x[d.token]
         h = nn.functional.silu(be.grouped_matmul(xs, self.gate_proj, d.offsets)) * be.grouped_matmul(
             xs, self.up_proj, d.offsets
         )
-        return moe.combine(be.grouped_matmul(h, self.down_proj, d.offsets), w, d).to(x.dtype)
+        return be.grouped_matmul(h, self.down_proj, d.offsets)
 
 
 class MoE(nn.Module):

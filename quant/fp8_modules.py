@@ -65,6 +65,26 @@ class FP8Linear(Fp32Scales):
     def dequantized(self) -> torch.Tensor:
         return dequantize_weight_blocks(self.weight.cpu(), self.weight_scale_inv.cpu())
 
+    def parallel_split(self, dim: int, size: int, split) -> None:
+        """Keep 1/size of the weight along dim (0: rows, 1: columns) with its 128 x 128 block scales:
+        each part must be a whole number of blocks (glm5/parallel/plan.py)."""
+        full = self.weight.shape[dim]
+        if full % (size * BLOCK):
+            raise ValueError(
+                f"FP8 block scales: dimension {dim} ({full}) does not split into {size} parts of whole "
+                f"{BLOCK}-blocks"
+            )
+        if dim == 1 and self.bias is not None:
+            raise ValueError("bias: an FP8 layer split by input columns cannot keep a bias")
+        split("weight", dim)
+        split("weight_scale_inv", dim, unit_=1)
+        if dim == 0 and self.bias is not None:
+            split("bias", 0)
+        if dim == 0:
+            self.out_features //= size
+        else:
+            self.in_features //= size
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         xq, xs = self.backend.fp8_quant_group(x.reshape(-1, shape[-1]), BLOCK, EPS_DEEPSEEK, self.ue8m0)
@@ -105,6 +125,17 @@ class FP8Experts(Fp32Scales):
     def fp8_weight(self, e: int, proj: str) -> tuple[torch.Tensor, torch.Tensor]:
         return getattr(self, proj)[e], getattr(self, f"{proj}_scale_inv")[e]
 
+    def parallel_split(self, dim: int, size: int, split) -> None:
+        """Keep 1/size of every expert's intermediate dim (dim -1) with its block scales: each part must
+        be a whole number of 128-blocks (glm5/parallel/plan.py)."""
+        if dim != -1 or self.inter % (size * BLOCK):
+            raise ValueError(f"moe_intermediate_size: {self.inter} does not split into {size} parts of whole "
+                             f"{BLOCK}-blocks (FP8 block scales)")
+        for name, tdim in (("gate_proj", 1), ("up_proj", 1), ("down_proj", 2)):
+            split(name, tdim)
+            split(f"{name}_scale_inv", tdim)
+        self.inter //= size
+
     def _gemm(self, be: Backend, xq, xs, proj: str, offsets, dtype) -> torch.Tensor:
         return be.fp8_grouped_matmul(
             xq, xs, getattr(self, proj), getattr(self, f"{proj}_scale_inv"), offsets, out_dtype=dtype
@@ -112,13 +143,17 @@ class FP8Experts(Fp32Scales):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
         d = moe.dispatch(ids, self.n_experts)
+        return moe.combine(self.rows(x, d, be), w, d).to(x.dtype)
+
+    def rows(self, x: torch.Tensor, d: moe.Dispatch, be: Backend) -> torch.Tensor:
+        """Expert outputs [T*k, D] in d's expert-sorted order (glm5.moe.Experts.rows)."""
         xq, xs = be.fp8_quant_group(x, BLOCK, EPS_DEEPSEEK, self.ue8m0)  # per-token groups: row order free
         xq, xs = xq[d.token], xs[d.token]
         h = nn.functional.silu(self._gemm(be, xq, xs, "gate_proj", d.offsets, x.dtype)) * self._gemm(
             be, xq, xs, "up_proj", d.offsets, x.dtype
         )
         hq, hs = be.fp8_quant_group(h, BLOCK, EPS_DEEPSEEK, self.ue8m0)
-        return moe.combine(self._gemm(be, hq, hs, "down_proj", d.offsets, x.dtype), w, d).to(x.dtype)
+        return self._gemm(be, hq, hs, "down_proj", d.offsets, x.dtype)
 
     def extra_repr(self) -> str:
         return f"experts={self.n_experts}, hidden={self.hidden}, inter={self.inter}, fp8 e4m3 128x128 blocks"

@@ -111,6 +111,24 @@ class QuantLinear(Fp32Scales):
         else:
             self._prepared = backend.prepare("w8a8_matmul", w_q=self.weight, w_scale=self.weight_scale)
 
+    def parallel_split(self, dim: int, size: int, split) -> None:
+        """Keep 1/size of the [N, K] weight along dim (0: output rows, 1: input columns) and the tensors
+        that follow it; `split(name, tensor_dim)` slices one (glm5/parallel/plan.py). A per-channel scale
+        stays whole under a column split; a per-group one is split with its columns."""
+        if dim == 0:
+            for name in ("weight", "weight_scale") + (("bias",) if self.bias is not None else ()):
+                split(name, 0)
+            self.out_features //= size
+        else:
+            if self.bias is not None:
+                raise ValueError("bias: a quantized layer split by input columns cannot keep a bias")
+            split("weight", 1)
+            if self.scheme.group_size:
+                split("weight_scale", 1)
+            self.in_features //= size
+            self.group_size = self.scheme.group_size or self.in_features
+        self.use_backend(self.backend)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         be, w = self.backend, self._prepared
@@ -189,6 +207,20 @@ class QuantExperts(Fp32Scales):
         q = _unpack(w[e, rows], self.scheme)
         return q, s[e, rows].reshape(q.shape[0], -1)
 
+    def parallel_split(self, dim: int, size: int, split) -> None:
+        """Keep 1/size of every expert's intermediate dim (dim -1; `split(name, tensor_dim, halves)` slices
+        one tensor, glm5/parallel/plan.py): both halves of the fused gate|up, the input columns of down."""
+        if dim != -1:
+            raise ValueError(f"dim: quantized experts split on their intermediate dim (-1), got {dim}")
+        split("w13", 1, 2)
+        split("w13_scale", 1, 2)
+        split("w2", 2)
+        if self.scheme.group_size:
+            split("w2_scale", 2)
+        self.inter //= size
+        self.gs2 = self.scheme.group_size or self.inter
+        self.__dict__.pop("_prepared", None)  # laid out again on the next call
+
     def use_backend(self, backend: Backend) -> None:
         """Lay the expert weights out for `backend` once (`Backend.prepare`); see QuantLinear.use_backend."""
         gs = self.scheme.name == W4A8
@@ -203,10 +235,14 @@ class QuantExperts(Fp32Scales):
         )
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
+        d = moe.dispatch(ids, self.n_experts)
+        return moe.combine(self.rows(x, d, be), w, d).to(x.dtype)
+
+    def rows(self, x: torch.Tensor, d: moe.Dispatch, be: Backend) -> torch.Tensor:
+        """Expert outputs [T*k, D] in d's expert-sorted order (glm5.moe.Experts.rows)."""
         if getattr(self, "_prepared", (None,))[0] != be.key:
             self.use_backend(be)  # a backend these experts have not been prepared for: once, not per call
         _, p13, p2 = self._prepared
-        d = moe.dispatch(ids, self.n_experts)
         w4 = self.scheme.name == W4A8
         # per-token scales do not depend on row order: quantize the T rows once, then gather
         xq, xs = be.dynamic_quant_int8(x)
@@ -216,10 +252,9 @@ class QuantExperts(Fp32Scales):
         )
         h = nn.functional.silu(h13[:, : self.inter]) * h13[:, self.inter :]
         hq, hs = be.dynamic_quant_int8(h)
-        y = be.grouped_matmul(
+        return be.grouped_matmul(
             hq, p2["w"], d.offsets, hs, p2["w_scale"], self.gs2 if w4 else None, out_dtype=x.dtype
         )
-        return moe.combine(y, w, d).to(x.dtype)
 
     def extra_repr(self) -> str:
         return (

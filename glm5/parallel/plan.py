@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from backends import Backend, moe
+from glm5.moe import Experts
 from glm5.parallel.group import Group, enter, gather, reduce
 
 
@@ -91,26 +92,55 @@ def style_of(name: str) -> str | None:
 
 
 # -- slicing --------------------------------------------------------------------------------------------
-def _split(module: nn.Module, pname: str, kind: str, dim: int, group: Group, unit: int = 1) -> None:
-    """Replace parameter `pname` of `module` by this rank's slice along `dim` (a whole number of units)."""
+def _split(
+    module: nn.Module, pname: str, kind: str, dim: int, group: Group, unit: int = 1, halves: int = 1
+) -> None:
+    """Replace parameter (or buffer) `pname` of `module` by this rank's slice along `dim` (a whole number
+    of units). halves=2: the dim holds two stacked halves (a fused gate|up), each split the same way."""
     p = getattr(module, pname)
     full = tuple(p.shape)
-    if full[dim] % (group.size * unit):
+    if full[dim] % (group.size * unit * halves):
         raise PlanError(
-            f"{kind}: dimension {dim} of a {full} parameter ({full[dim] // unit} units of {unit}) does not "
+            f"{kind}: dimension {dim} of a {full} tensor ({full[dim] // unit} units of {unit}) does not "
             f"split into {group.size} equal whole parts"
         )
     info = ShardInfo(kind, dim, group.rank, group.size, full, unit, group)
-    local = p.detach().narrow(dim, info.start, info.length)
-    new = nn.Parameter(local if p.is_meta else local.clone(), requires_grad=p.requires_grad)
+    if halves == 1:
+        local = p.detach().narrow(dim, info.start, info.length)
+    else:
+        per = full[dim] // halves // group.size
+        parts = (
+            p.detach().unflatten(dim, (halves, full[dim] // halves)).narrow(dim + 1, group.rank * per, per)
+        )
+        local = parts.flatten(dim, dim + 1)
+    local = local if p.is_meta else local.clone()
+    if pname in module._buffers:
+        local.glm5_shard = info
+        module._buffers[pname] = local
+        return
+    new = nn.Parameter(local, requires_grad=p.requires_grad)
     new.glm5_shard = info
     setattr(module, pname, new)
 
 
-def _split_linear(lin: nn.Linear, kind: str, dim: int, group: Group, unit: int = 1) -> None:
-    _split(lin, "weight", kind, dim, group, unit)
-    if lin.bias is not None and dim == 0:
-        _split(lin, "bias", kind, 0, group, unit)
+def _split_linear(lin: nn.Module, kind: str, dim: int, group: Group, unit: int = 1) -> None:
+    """Split a linear layer's [N, K] weight along dim (0: output rows, 1: input columns). A layer other
+    than nn.Linear (the quantized ones) says which of its tensors follow with `parallel_split`."""
+    if isinstance(lin, nn.Linear):
+        _split(lin, "weight", kind, dim, group, unit)
+        if lin.bias is not None and dim == 0:
+            _split(lin, "bias", kind, 0, group, unit)
+        lin.out_features, lin.in_features = lin.weight.shape
+    elif hasattr(lin, "parallel_split"):
+        lin.parallel_split(
+            dim,
+            group.size,
+            lambda name, tdim, halves=1: _split(
+                lin, name, kind, tdim, group, unit if tdim == 0 else 1, halves
+            ),
+        )
+    else:
+        raise PlanError(f"{type(lin).__name__}: declares no `parallel_split`, so the plan cannot split it")
 
 
 def _enter_input(group: Group):
@@ -150,16 +180,28 @@ def _mlp(mlp: nn.Module, group: Group) -> None:
 
 def _experts_tp(experts: nn.Module, group: Group) -> None:
     """Every expert's intermediate dim split (vLLM's MoE without expert parallel)."""
-    _split(experts, "gate_proj", "experts-tp", 1, group)
-    _split(experts, "up_proj", "experts-tp", 1, group)
-    _split(experts, "down_proj", "experts-tp", 2, group)
+    if isinstance(experts, Experts):
+        _split(experts, "gate_proj", "experts-tp", 1, group)
+        _split(experts, "up_proj", "experts-tp", 1, group)
+        _split(experts, "down_proj", "experts-tp", 2, group)
+    elif hasattr(experts, "parallel_split"):
+        experts.parallel_split(
+            -1,
+            group.size,
+            lambda name, tdim, halves=1: _split(experts, name, "experts-tp", tdim, group, 1, halves),
+        )
+    else:
+        raise PlanError(
+            f"{type(experts).__name__}: declares no `parallel_split`, so the plan cannot split it"
+        )
     # the routing weights enter too: each rank's partial output carries only its part of their gradient
     experts.register_forward_pre_hook(lambda m, a: (enter(a[0], group), a[1], enter(a[2], group), *a[3:]))
     experts.register_forward_hook(_reduce_output(group))
 
 
-class ExpertParallelExperts(nn.Module):
-    """Whole experts per rank: this rank's `E / size` experts, stacked as `glm5.moe.Experts`.
+class ExpertParallel(nn.Module):
+    """Whole experts per rank, mixed into any experts module with `rows` (float, W8A8/W4A8, FP8): its
+    stacked tensors keep this rank's `E / size` experts, under their own names.
 
     Every rank sees every token (the hidden states are replicated), computes the (token, slot) pairs
     routed to its experts and leaves the others zero; the per-slot outputs are then summed over the
@@ -170,31 +212,49 @@ class ExpertParallelExperts(nn.Module):
     data-dependent shape; a backend that skips rows past the last offset would remove it.
     """
 
-    def __init__(self, experts: nn.Module, group: Group) -> None:
-        super().__init__()
-        n = experts.gate_proj.shape[0]
-        for pname in ("gate_proj", "up_proj", "down_proj"):
-            self.register_parameter(pname, getattr(experts, pname))
-            _split(self, pname, "experts-ep", 0, group)
-        self.group = group
-        self.first = group.rank * (n // group.size)
+    ep_group: Group
+    ep_first: int
+    ep_local: int
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
-        n_local = self.gate_proj.shape[0]
         t, k = ids.shape
-        x = enter(x, self.group)
-        rel = ids.to(torch.int64) - self.first
-        mine = (rel >= 0) & (rel < n_local)
-        d = moe.dispatch(torch.where(mine, rel, 0), n_local)
-        xs = x[d.token]
-        h = nn.functional.silu(be.grouped_matmul(xs, self.gate_proj, d.offsets)) * be.grouped_matmul(
-            xs, self.up_proj, d.offsets
-        )
-        y = be.grouped_matmul(h, self.down_proj, d.offsets)[d.inverse].view(t, k, -1)
-        y = reduce(
-            torch.where(mine[..., None], y, torch.zeros((), dtype=y.dtype, device=y.device)), self.group
-        )
+        x = enter(x, self.ep_group)
+        rel = ids.to(torch.int64) - self.ep_first
+        mine = (rel >= 0) & (rel < self.ep_local)
+        d = moe.dispatch(torch.where(mine, rel, 0), self.ep_local)
+        y = self.rows(x, d, be)[d.inverse].view(t, k, -1)
+        zero = torch.zeros((), dtype=y.dtype, device=y.device)
+        y = reduce(torch.where(mine[..., None], y, zero), self.ep_group)
         return (y.float() * w.float()[..., None]).sum(dim=1).to(x.dtype)
+
+
+_EP_CLASSES: dict[type, type] = {}
+
+
+def _expert_parallel(experts: nn.Module, group: Group) -> None:
+    """Keep this rank's whole experts of every stacked tensor (dim 0 = the expert) and compute through
+    ExpertParallel.forward."""
+    if not hasattr(experts, "rows"):
+        raise PlanError(f"{type(experts).__name__}: an experts module needs `rows` to be split by expert")
+    n = (
+        next(t for t in experts.parameters() if t.dim() == 3).shape[0]
+        if any(t.dim() == 3 for t in experts.parameters())
+        else experts.n_experts
+    )
+    for name, t in [*experts.named_parameters(recurse=False), *experts.named_buffers(recurse=False)]:
+        if t is not None and t.dim() >= 1 and t.shape[0] == n:
+            _split(experts, name, "experts-ep", 0, group)
+    cls = type(experts)
+    if cls not in _EP_CLASSES:
+        _EP_CLASSES[cls] = type(f"ExpertParallel{cls.__name__}", (ExpertParallel, cls), {})
+    experts.__class__ = _EP_CLASSES[cls]
+    experts.ep_group, experts.ep_first, experts.ep_local = (
+        group,
+        group.rank * (n // group.size),
+        n // group.size,
+    )
+    if hasattr(experts, "n_experts"):
+        experts.n_experts = n // group.size
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -281,10 +341,8 @@ def apply(model: nn.Module, tp: Group, ep: Group | None = None) -> dict[str, Sha
         elif style == "mlp" and not hasattr(module, "experts"):  # the dense MLP or the shared expert
             _mlp(module, tp)
         elif style == "experts":
-            parent_name, _, attr = name.rpartition(".")
-            parent = model.get_submodule(parent_name)
             if ep is not None and ep.size > 1:
-                setattr(parent, attr, ExpertParallelExperts(module, ep))
+                _expert_parallel(module, ep)
             elif tp.size > 1:
                 _experts_tp(module, tp)
         elif style == "vocab-embedding":
@@ -292,7 +350,10 @@ def apply(model: nn.Module, tp: Group, ep: Group | None = None) -> dict[str, Sha
             setattr(model.get_submodule(parent_name), attr, VocabParallelEmbedding(module, tp))
         elif style == "vocab-head":
             _vocab_head(module, tp)
-    shards = {n: p.glm5_shard for n, p in model.named_parameters() if shard_info(p) is not None}
+    if hasattr(model, "prepare_weights"):
+        model.prepare_weights()  # layers that lay their weights out for the backend do it again, once
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    shards = {n: t.glm5_shard for n, t in tensors if shard_info(t) is not None}
     model.glm5_plan = shards
     return shards
 
