@@ -8,14 +8,17 @@ import json
 
 import pytest
 import torch
+from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
+from glm5.cli import main
 from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
 from glm5.train.data import ByteCorpus
 from glm5.train.distributed import Dist, full, state_bytes
+from glm5.train.loop import TrainConfig, Trainer
 from glm5.train.losses import lm_and_mtp
-from glm5.train.mesh import Mesh
+from glm5.train.mesh import Mesh, check_mesh, parse_mesh
 from glm5.train.muon import build_optimizers
 from tests.glm5.train._dist import spawn
 
@@ -56,6 +59,10 @@ def _fsdp_worker(rank: int, world: int, out: str) -> None:
             save_file({**grads, "__losses__": torch.cat(losses)}, f"{out}/zero{zero}.safetensors")
             with open(f"{out}/zero{zero}.json", "w") as f:
                 json.dump({"bytes": state_bytes(model, opts)}, f)
+    # the Trainer on the same process group: 20 steps at ZeRO-2
+    cfg = TrainConfig(steps=20, batch_size=4, seq_len=32, lr=1e-2, warmup_steps=2, eval_every=10,
+                      eval_batches=1, save_every=20, max_bytes=256 << 10, deterministic=True)
+    Trainer(cfg, f"{out}/run", mesh=Mesh(dp=world), zero=2).run(progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +70,13 @@ def fsdp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp")
     spawn(_fsdp_worker, 2, str(out))
     return out
+
+
+@pytest.fixture(scope="module")
+def micro():
+    """The 1-process runs over each rank's micro-batch: (model, loss, gradients)."""
+    ids = _ids()
+    return [_one_process(ids[r * BATCH // 2 : (r + 1) * BATCH // 2]) for r in range(2)]
 
 
 def _one_process(ids):
@@ -73,11 +87,12 @@ def _one_process(ids):
 
 
 @pytest.mark.parametrize("zero", [2, 3])
-def test_dp2_loss_and_every_gradient_bitwise_equal_to_one_process_over_the_same_micro_batches(fsdp_run, zero):
+def test_dp2_loss_and_every_gradient_bitwise_equal_to_one_process_over_the_same_micro_batches(
+    fsdp_run, micro, zero
+):
     got = load_file(fsdp_run / f"zero{zero}.safetensors")
     dist_losses = got.pop("__losses__")
     ids = _ids()
-    micro = [_one_process(ids[r * BATCH // 2 : (r + 1) * BATCH // 2]) for r in range(2)]
     assert torch.equal(dist_losses, torch.stack([m[1] for m in micro]))
     # FSDP2 on gloo divides each rank's gradient by the world size before the (2-term) sum
     ref = {n: micro[0][2][n] / 2 + micro[1][2][n] / 2 for n in micro[0][2]}
@@ -101,3 +116,42 @@ def test_dp2_each_rank_holds_half_the_parameter_and_optimizer_bytes(fsdp_run, ze
     per_rank = json.loads((fsdp_run / f"zero{zero}.json").read_text())["bytes"]
     print(f"zero{zero}: parameter + optimizer bytes per rank {per_rank} of {whole} ({per_rank / whole:.3f})")
     assert abs(per_rank / whole - 0.5) < 0.01
+
+
+def test_a_20_step_dp2_run_trains(fsdp_run):
+    recs = [json.loads(ln) for ln in (fsdp_run / "run" / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((fsdp_run / "run" / "summary.json").read_text())
+    assert [r["step"] for r in recs] == list(range(1, 21)) and summary["world"] == 2
+    first, last = sum(r["lm_loss"] for r in recs[:3]) / 3, sum(r["lm_loss"] for r in recs[-3:]) / 3
+    print(f"dp=2 lm loss {first:.3f} -> {last:.3f}; held-out {summary['init_eval_loss']:.3f} -> "
+          f"{summary['final_eval_loss']:.3f}")
+    assert last < first - 0.3 and summary["final_eval_loss"] < summary["init_eval_loss"] - 0.3
+    assert (fsdp_run / "run" / "checkpoints" / "latest" / "model").is_dir()
+
+
+def test_mesh_parsing():
+    assert parse_mesh("dp=2") == Mesh(dp=2)
+    assert parse_mesh("dp=2, tp=1,ep=1,pp=1") == Mesh(dp=2)
+    check_mesh(Mesh(dp=4), 4)
+    for text, msg in [("dp=0", "dp: expected an integer >= 1, got 0"), ("dp=x", "dp: expected an integer"),
+                      ("zz=2", "AXIS=N"), ("dp=2,dp=2", "given twice"), ("", "AXIS=N")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_mesh(text)
+
+
+@pytest.mark.parametrize("args, hint, msg", [
+    (["--nproc", "2", "--mesh", "dp=3"], "'--mesh'", "multiply to 3"),
+    (["--nproc", "2", "--mesh", "dp=2,tp=0"], "'--mesh'", "tp: expected an integer >= 1, got 0"),
+    (["--nproc", "2", "--mesh", "dp=1,tp=2"], "'--mesh'", "tp=2: not in this build yet"),
+    (["--nproc", "2", "--mesh", "pp"], "'--mesh'", "expected AXIS=N"),
+    (["--nproc", "2", "--batch-size", "3"], "'--batch-size'", "must divide by dp (2), got 3"),
+    (["--nproc", "2", "--stage", "rl"], "'--stage'", "not in this build yet"),
+    (["--nproc", "0"], "'--nproc'", "0"),
+])
+def test_bad_parallel_options_are_one_line_exit_2_before_anything_is_written(tmp_path, args, hint, msg):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["train", "--out", str(out), "--steps", "1", *args])
+    assert res.exit_code == 2, res.output
+    error = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
+    assert len(error) == 1 and hint in error[0] and msg in error[0], res.output
+    assert not out.exists()
