@@ -21,6 +21,8 @@ from torch import nn
 
 from glm5.attention import MLAAttention, Step
 from glm5.moe import Router
+from glm5.parallel.group import Group, Single
+from glm5.parallel.plan import group_of
 from glm5.train.activations import recomputing
 
 STAGES = ("warmup", "sparse")
@@ -71,10 +73,12 @@ class AttentionProbe:
             self.max_logits.append(float(_selected_logits(q, rows, topk, step, mod.sm_scale)[0].max()))
         if self.stage is not None and mod.indexer is not None:
             logits = _indexer_logits(mod, x.detach(), qr, step)  # [T, S] fp32, grad to the indexer only
+            # under tensor parallel q holds this rank's heads: the teacher sums over every rank's heads
+            heads = group_of(mod.q_b_proj.weight) or Single()
             if self.stage == "warmup":
-                term = _dense_kl(q, rows, logits, step, mod.sm_scale)
+                term = _dense_kl(q, rows, logits, step, mod.sm_scale, heads)
             else:
-                term = _sparse_kl(q, rows, logits, topk, step, mod.sm_scale)
+                term = _sparse_kl(q, rows, logits, topk, step, mod.sm_scale, heads)
             # a checkpointed layer's recomputation must save what the forward saved, but records nothing
             if not recomputing():
                 self.kl_terms.append(term)
@@ -102,7 +106,7 @@ def _selected_logits(q, rows, topk, step: Step, sm_scale: float) -> tuple[torch.
     return torch.cat(logits), torch.cat(valid)
 
 
-def _dense_kl(q, rows, ind_logits, step: Step, sm_scale: float) -> torch.Tensor:
+def _dense_kl(q, rows, ind_logits, step: Step, sm_scale: float, heads: Group) -> torch.Tensor:
     """Warm-up KL over every causal key, averaged over query rows."""
     terms = []
     for q0, q1, s in step.slots.layout.request_bounds():
@@ -110,17 +114,17 @@ def _dense_kl(q, rows, ind_logits, step: Step, sm_scale: float) -> torch.Tensor:
         att = torch.einsum("thd,sd->ths", q[q0:q1].float(), keys) * sm_scale  # [T_b, H, S_b]
         causal = torch.ones(q1 - q0, s, dtype=torch.bool, device=q.device).tril(s - (q1 - q0))
         att = att.masked_fill(~causal[:, None, :], float("-inf"))
-        p = torch.softmax(att, dim=-1).sum(1)
+        p = heads.all_reduce(torch.softmax(att, dim=-1).sum(1))
         p = p / p.sum(-1, keepdim=True)  # [T_b, S_b]
         logq = torch.log_softmax(ind_logits[q0:q1, :s].masked_fill(~causal, float("-inf")), dim=-1)
         terms.append(kl_rows(p, logq, causal))
     return torch.cat(terms).mean()
 
 
-def _sparse_kl(q, rows, ind_logits, topk, step: Step, sm_scale: float) -> torch.Tensor:
+def _sparse_kl(q, rows, ind_logits, topk, step: Step, sm_scale: float, heads: Group) -> torch.Tensor:
     """Sparse-stage KL restricted to each query's selected keys, averaged over query rows."""
     att, valid = _selected_logits(q, rows, topk, step, sm_scale)  # [T, H, k], [T, k]
-    p = torch.softmax(att, dim=-1).sum(1)
+    p = heads.all_reduce(torch.softmax(att, dim=-1).sum(1))
     p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
     sel = ind_logits.gather(1, topk.long().clamp_min(0)).masked_fill(~valid, float("-inf"))
     logq = torch.log_softmax(sel, dim=-1)

@@ -10,6 +10,7 @@ from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
 from glm5.parallel import plan
 from glm5.parallel.group import Single, TorchGroup
+from glm5.train.dsa import AttentionProbe
 from tests.ranks import run_ranks
 
 BACKENDS = ("reference", "cpu")
@@ -28,9 +29,14 @@ def _ids() -> torch.Tensor:
 
 
 def _forward_and_grads(model: GLM5ForCausalLM):
+    """Logits, loss (LM + the sparse stage's indexer KL, whose teacher sums attention over every rank's
+    heads), per-layer top-k and every gradient."""
     ids = _ids()
+    probe = AttentionProbe(model, stage="sparse")
     out = model(ids, labels=ids, return_topk=True)
-    out.logits.float().sum().mul(0).add(out.loss).backward()
+    loss = out.loss + probe.kl_loss()
+    out.logits.float().sum().mul(0).add(loss).backward()
+    out.loss = loss
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return out.logits.detach(), out.loss.detach(), [t.clone() for t in out.topk], grads
 
