@@ -8,9 +8,8 @@
   and `lm_head.weight` outside any module forward, so they must stay gathered with the root).
   ZeRO-3 frees each layer's gathered parameters after its forward (reshard_after_forward=True), ZeRO-2
   keeps them to the backward; gradients and optimizer state are sharded either way.
-- Muon on sharded parameters: `GatheredMuon` all-gathers each momentum matrix, orthogonalises it on
-  every rank and keeps its own shard of the update (`_muon_for_shards` is where a distributed Muon that
-  moves less plugs in). AdamW runs on the shards (DTensor).
+- Optimizers: `DistributedMuon` (glm5/train/muon_dist.py: per-head and per-expert shards updated in
+  place, every other matrix by one owner) and AdamW on the shards (DTensor).
 - `DistBalancer`: the aux-loss-free expert bias moves on the expert load summed over every rank.
 """
 
@@ -28,7 +27,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from glm5.train.dsa import ExpertBalancer
 from glm5.train.mesh import Mesh
-from glm5.train.muon import Muon, build_optimizers
+from glm5.train.muon_dist import build_distributed_optimizers
 
 #: set by `launch` for its ranks: the launching process holds the run's lock (pid)
 LOCK_HOLDER_ENV = "GLM5_TRAIN_LOCK_PID"
@@ -134,9 +133,8 @@ class Dist:
         return ids[self.rank * per : (self.rank + 1) * per]
 
     def optimizers(self, model: torch.nn.Module, mode: str, lr: float, weight_decay: float) -> list:
-        """build_optimizers over the sharded parameters, Muon replaced by its sharded form."""
-        opts = build_optimizers(model, mode, lr, weight_decay)
-        return [_muon_for_shards(o) if isinstance(o, Muon) else o for o in opts]
+        """[DistributedMuon, AdamW] over the sharded parameters (glm5/train/muon_dist.py)."""
+        return build_distributed_optimizers(model, mode, lr, weight_decay)
 
     def balancer(self, model: torch.nn.Module, gamma: float) -> DistBalancer:
         return DistBalancer(model, gamma)
@@ -178,29 +176,6 @@ def _like(full_value: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     if not isinstance(ref, DTensor):
         return full_value
     return distribute_tensor(full_value, ref.device_mesh, ref.placements, src_data_rank=None)
-
-
-class GatheredMuon(Muon):
-    """Muon (Split) on FSDP2-sharded parameters, the plain way: the momentum is kept sharded; each update
-    all-gathers the parameter's momentum, orthogonalises the whole matrix (per head / per expert as
-    `Muon.update`) on every rank and keeps this rank's rows. Bitwise the update of the 1-process Muon on
-    the same momentum; it moves every Muon matrix to every rank each step."""
-
-    def update(self, u: torch.Tensor, blk, ns_steps: int) -> torch.Tensor:
-        if not isinstance(u, DTensor):
-            return super().update(u, blk, ns_steps)
-        return _like(super().update(u.full_tensor(), blk, ns_steps), u)
-
-
-def _muon_for_shards(o: Muon) -> torch.optim.Optimizer:
-    """The one place the Muon of a sharded run is made (a distributed Muon that gathers only what it
-    must, glm5/train/muon_dist.py, replaces GatheredMuon here)."""
-    g = o.param_groups[0]
-    return GatheredMuon(
-        [{"params": g["params"], "blocks": g["blocks"]}],
-        lr=g["lr"], momentum=g["momentum"], nesterov=g["nesterov"], weight_decay=g["weight_decay"],
-        ns_steps=g["ns_steps"], ns_dtype=o.ns_dtype,
-    )
 
 
 class DistBalancer(ExpertBalancer):
