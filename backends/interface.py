@@ -9,7 +9,8 @@
 - `run`, which the custom op calls at run time: count the call, run the backend's implementation from
   its `ops` table and, under GLM5_VALIDATE=reference, shadow-check it.
 A backend subclass is a table (op name -> `OpImpl`, built by `backends.table.load_ops`) plus
-`available()`; anything not in its table raises `NotSupported`, nothing is inherited from the reference.
+`available()`; anything not in its table raises `NotSupported`, nothing is inherited from the reference
+unless the backend declares it borrowed (`borrow`, backends/borrow.py: the reference on host copies).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, ClassVar
 import torch
 
 from backends import custom_op, library
+from backends.borrow import BorrowLedger, borrowed_impl, check_names
 from backends.caps import OpCaps, OpImpl
 from backends.errors import NotSupported
 from backends.interface_fp8 import FP8Ops
@@ -70,9 +72,18 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
     device: ClassVar[str] = "cpu"
     #: op name -> implementation; the backend's whole surface.
     ops: ClassVar[Mapping[str, OpImpl]] = {}
+    #: ops this backend has not ported and runs on the reference, on host copies (SPEC 3.1); a borrowed op
+    #: is served that way even if `ops` has an entry for it (a generated stub). `every_op_except(...)`
+    #: (backends/borrow.py) spells "everything but what is ported" during bring-up.
+    borrow: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
+        #: the ops declared in `borrow`, checked: an unknown name fails here, with the known ones
+        self.borrowed: frozenset[str] = check_names(self.borrow, f"{type(self).__name__}.borrow")
+        #: calls, bytes each way and seconds of the borrowed ops
+        self.borrow_ledger = BorrowLedger()
+        self._borrowed_impls: dict[str, OpImpl] = {}
         #: weights an op had to re-lay out per call because they were not `prepare`d (should stay 0)
         self.relayouts: Counter[str] = Counter()
         mode = validation_mode()
@@ -88,15 +99,29 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
         """(ok, reason): can this backend run on this machine? The reason is shown to users."""
         return True, "ok"
 
+    def impl(self, op: str) -> OpImpl | None:
+        """What serves `op`: the reference on host copies if borrowed, else the backend's own table entry
+        (None: neither, so calls raise NotSupported)."""
+        if op not in self.borrowed:
+            return self.ops.get(op)
+        impl = self._borrowed_impls.get(op)
+        if impl is None:
+            from backends.reference import ReferenceBackend
+
+            impl = borrowed_impl(self.borrow_ledger, op, ReferenceBackend.ops[op], self.device)
+            self._borrowed_impls[op] = impl
+        return impl
+
     def capabilities(self, op: str) -> OpCaps | None:
-        impl = self.ops.get(op)
+        impl = self.impl(op)
         return impl.caps if impl else None
 
     def kernel_calls(self) -> Counter[str]:
         """Native work done so far, keyed by op or kernel family (kernel launches for device backends).
         The conformance runner reads the total before and after each case; no increase means the
-        backend's own code did not run. The default counts entries into the backend's implementation."""
-        return Counter(self.calls)
+        backend's own code did not run. The default counts entries into the backend's implementation
+        (borrowed ops are the reference's work, not the backend's: left out)."""
+        return Counter({k: n for k, n in self.calls.items() if k.split(".")[0] not in self.borrowed})
 
     def environment(self) -> dict[str, str]:
         """Versions and device facts for reports."""
@@ -118,7 +143,7 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
 
     def reasons(self, op: str, args: Mapping[str, Any]) -> list[str]:
         """Every reason this backend cannot serve `op` on these (validated) arguments; [] if it can."""
-        impl = self.ops.get(op)
+        impl = self.impl(op)
         if impl is None:
             return [f"op {op!r} is not implemented by backend {self.name!r}"]
         caps, spec = impl.caps, OPS[op]
@@ -156,7 +181,7 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
         differ: strides, or a derived form the backend keeps beside it), so the front door validates it
         as usual, shadow mode and conformance still compare like with like, and every backend accepts
         every other backend's prepared weights. Identity by default."""
-        impl = self.ops.get(op)
+        impl = self.impl(op)
         if impl is None or impl.prepare is None:
             return dict(weights)
         return impl.prepare(dict(weights))
@@ -188,7 +213,7 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
         why = self.reasons(op, args)
         if why:
             raise NotSupported(why, backend=self.name, op=op)
-        impl = self.ops[op]
+        impl = self.impl(op)
         wants_grad = torch.is_grad_enabled() and any(
             isinstance(args[n], torch.Tensor) and args[n].requires_grad for n in spec.grad_args
         )
@@ -216,16 +241,17 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
     def run_backward(self, op: str, args: dict[str, Any], outputs: tuple, grad_outputs: tuple) -> tuple:
         """The gradients of `op` from its forward's outputs (`OpImpl.backward`; called by the custom op)."""
         self.calls[f"{op}.backward"] += 1
-        return self.ops[op].backward(args, outputs, grad_outputs)
+        return self.impl(op).backward(args, outputs, grad_outputs)
 
     def run(self, op: str, args: dict[str, Any], phase: str = "forward") -> Any:
         """Run this backend's implementation of `op` on validated arguments (called by the custom op)."""
         self.calls[op if phase == "forward" else f"{op}.{phase}"] += 1
-        result = self.ops[op].fn(**args)
-        if self.shadow and phase == "forward":
+        impl = self.impl(op)
+        result = impl.fn(**args)
+        if self.shadow and phase == "forward" and op not in self.borrowed:  # borrowed: the reference itself
             from backends.shadow import shadow_check
 
-            shadow_check(self.name, op, args, result, self.ops[op].caps.tie_rule)
+            shadow_check(self.name, op, args, result, impl.caps.tie_rule)
         return result
 
     # -- the ops (SPEC 2) -------------------------------------------------------------------------

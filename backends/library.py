@@ -190,7 +190,7 @@ def sparse_mla_attention_backward(
     )
     grads = [d_out, d_lse if return_lse else None]
     be = instance(backend)
-    if be.ops["sparse_mla_attention"].backward is not None and return_lse and lse.numel():
+    if be.impl("sparse_mla_attention").backward is not None and return_lse and lse.numel():
         dq, dkv = be.run_backward("sparse_mla_attention", args, (out, lse), tuple(grads))
         return _fresh((dq, dkv), {**args, "out": out, "lse": lse, "d_out": d_out, "d_lse": d_lse})
     return _grads(backend, "sparse_mla_attention", args, grads, ("q", "kv_cache"))

@@ -183,6 +183,7 @@ def diff_case(
 ) -> CaseDiff:
     res = CaseDiff(case.op, dtype, case.id, "identical")
     why = [f"{be.name} manifest skips it: {r}" for be, s in zip((a, b), skips) if (r := s(case.key(dtype)))]
+    why += [f"{be.name} borrows {case.op} from the reference" for be in (a, b) if case.op in be.borrowed]
     if why:
         res.status, res.message = "skipped", "; ".join(why)
         return res

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.ops import OPS
-from conformance.result import FAILING, PASS, RAN, SKIPPED, UNSUPPORTED, XFAIL, Result
+from conformance.result import BORROWED, FAILING, PASS, RAN, SKIPPED, UNSUPPORTED, XFAIL, Result
 
 
 @dataclass
@@ -115,7 +115,7 @@ def exit_code(runs: Sequence[BackendRun]) -> int:
 
 
 def cell(results: Sequence[Result]) -> str:
-    """'12/12', 'unsupported', '10/12 (1 xfail, 1 unsupported)' or '-' (nothing selected). errors/ cases
+    """'12/12', 'unsupported', 'borrowed', '10/12 (1 xfail, 1 unsupported)' or '-' (nothing selected). errors/ cases
     (argument validation, done by the shared front door) do not count: a backend that computes none of
     an op's cases shows 'unsupported' whatever its errors/ cases did."""
     if not results:
@@ -124,9 +124,11 @@ def cell(results: Sequence[Result]) -> str:
     c = Counter(r.status for r in results)
     if c[UNSUPPORTED] == len(results):
         return "unsupported"
-    ran = [r for r in results if r.status not in (UNSUPPORTED, SKIPPED)]
+    if c[BORROWED] == len(results):  # the reference ran, not the backend: never a pass count
+        return "borrowed"
+    ran = [r for r in results if r.status not in (UNSUPPORTED, SKIPPED, BORROWED)]
     text = f"{c[PASS]}/{len(ran)}" if ran else "0/0"
-    extra = [f"{c[s]} {s.lower()}" for s in (XFAIL, UNSUPPORTED, SKIPPED) if c[s]]
+    extra = [f"{c[s]} {s.lower()}" for s in (XFAIL, UNSUPPORTED, SKIPPED, BORROWED) if c[s]]
     return text + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -216,7 +218,7 @@ def write_junit(runs: Sequence[BackendRun], path: str, header: Header | None = N
             tests=str(len(run.results)),
             failures=str(s.get("FAIL", 0) + s.get("XPASS", 0)),
             errors=str(s.get("ERROR", 0)),
-            skipped=str(sum(s.get(k, 0) for k in (SKIPPED, UNSUPPORTED, XFAIL))),
+            skipped=str(sum(s.get(k, 0) for k in (SKIPPED, UNSUPPORTED, XFAIL, BORROWED))),
         )
         for r in run.results:
             tc = ET.SubElement(
@@ -230,7 +232,7 @@ def write_junit(runs: Sequence[BackendRun], path: str, header: Header | None = N
                 ET.SubElement(tc, "failure", message=r.message[:500]).text = failure_text(r)
             elif r.status == "ERROR":
                 ET.SubElement(tc, "error", message=r.message[:500]).text = failure_text(r)
-            elif r.status in (SKIPPED, UNSUPPORTED, XFAIL):
+            elif r.status in (SKIPPED, UNSUPPORTED, XFAIL, BORROWED):
                 ET.SubElement(tc, "skipped", message=f"{r.status}: {r.message}"[:500])
     ran = {run.backend for run in runs}
     for b in header.backends if header else []:
@@ -330,7 +332,9 @@ def render(runs: Sequence[BackendRun], console, header: Header | None = None) ->
             v = row[run.backend]
             ok = v.split(" ")[0].split("/")
             color = (
-                "dim"
+                "yellow"
+                if v == "borrowed"
+                else "dim"
                 if v in ("-", "unsupported")
                 else ("green" if len(ok) == 2 and ok[0] == ok[1] else "red")
             )

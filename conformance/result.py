@@ -3,7 +3,8 @@
 PASS; FAIL (wrong numbers, a broken contract, an unclaimed input served, a fallback, no kernel ran);
 ERROR (the backend raised on a claimed input); XFAIL / XPASS (a strict expected failure from the
 manifest that failed / unexpectedly passed); SKIPPED (manifest); UNSUPPORTED (unclaimed and declined
-with `NotSupported`, as it must be).
+with `NotSupported`, as it must be); BORROWED (the backend declares the op borrowed: the reference serves
+it on host copies, so nothing of the backend's is checked, and the case never counts as passing).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from conformance.case import Case
 from conformance.compare import Check
 
-PASS, FAIL, ERROR, XFAIL, XPASS, SKIPPED, UNSUPPORTED = (
+PASS, FAIL, ERROR, XFAIL, XPASS, SKIPPED, UNSUPPORTED, BORROWED = (
     "PASS",
     "FAIL",
     "ERROR",
@@ -24,6 +25,7 @@ PASS, FAIL, ERROR, XFAIL, XPASS, SKIPPED, UNSUPPORTED = (
     "XPASS",
     "SKIPPED",
     "UNSUPPORTED",
+    "BORROWED",
 )
 #: statuses that fail a run
 FAILING = (FAIL, ERROR, XPASS)
