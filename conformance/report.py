@@ -115,9 +115,9 @@ def exit_code(runs: Sequence[BackendRun]) -> int:
 
 
 def cell(results: Sequence[Result]) -> str:
-    """'12/12', 'unsupported', 'borrowed', '10/12 (1 xfail, 1 unsupported)' or '-' (nothing selected). errors/ cases
-    (argument validation, done by the shared front door) do not count: a backend that computes none of
-    an op's cases shows 'unsupported' whatever its errors/ cases did."""
+    """'12/12', 'unsupported', 'borrowed', '10/12 (1 xfail, 1 unsupported)' or '-' (nothing selected).
+    errors/ cases (argument validation, done by the shared front door) do not count: a backend that
+    computes none of an op's cases shows 'unsupported' whatever its errors/ cases did."""
     if not results:
         return "-"
     results = [r for r in results if _computes(r)] or results  # errors/ alone: --suite errors
