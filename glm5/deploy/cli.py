@@ -173,6 +173,13 @@ _COUNT = click.IntRange(min=1)
 @click.option("--gpu-memory-utilization", type=float, default=None, callback=_utilization,
               help="fraction of device memory the engine uses, in (0, 1] (default: the machine's)")
 @click.option("--model-path", default=None, help="checkpoint path for the serve command")
+@click.option(
+    "--engine",
+    type=click.Choice(["native", "plugin"]),
+    default="native",
+    show_default=True,
+    help="plan the machine's own engine, or vLLM with this project's plugin (docs/vllm.md)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the plan as one JSON object")
 def plan(
     config_name: str,
@@ -192,6 +199,7 @@ def plan(
     gpu_memory_utilization: float | None,
     model_path: str | None,
     as_json: bool,
+    engine: str,
 ) -> None:
     """Per-device memory, the largest concurrency at MAX_MODEL_LEN, a parallel layout the kernels accept
     and the vLLM / vllm-ascend serve command. A recipe the machine's engine cannot serve is refused (exit
@@ -225,6 +233,9 @@ def plan(
         )
     except ValueError as exc:
         _bad_request(exc)
+    if engine == "plugin":
+        _plan_plugin(req, model_path, as_json)
+        return
     why = unservable(req)
     if why:
         raise click.BadParameter(why, param_hint="'--recipe'")
@@ -249,4 +260,22 @@ def plan(
         why = lay.overflow or "; ".join(lay.violations) or "no layout fits"
         more = f"; fits with --nodes {p.min_nodes} ({p.min_nodes_layout})" if p.min_nodes else ""
         click.echo(f"error: {recipe} does not fit {nodes} x {m.name} ({lay.name()}): {why}{more}", err=True)
+        sys.exit(1)
+
+
+def _plan_plugin(req: Any, model_path: str | None, as_json: bool) -> None:
+    """`glm5 plan --engine plugin`: the plugin's layouts and command; a request it cannot serve exits 2 with
+    the reason, one that does not fit exits 1 (as for the engine's own plan)."""
+    from glm5.deploy.plugin import plugin_plan
+    from glm5.deploy.serve import plugin_text
+
+    if model_path == "":
+        raise click.BadParameter("expected a checkpoint path, got ''", param_hint="'--model-path'")
+    pp = plugin_plan(req, model_path or f"/models/GLM-5-{req.recipe}")
+    if pp.refused:
+        raise click.BadParameter(pp.refused, param_hint="'--engine'")
+    click.echo(json.dumps(pp.to_dict(), indent=2) if as_json else "\n".join(plugin_text(pp)))
+    if not pp.fits:
+        click.echo(f"error: the plugin cannot serve {req.recipe} on {req.nodes} x {req.machine.name}: "
+                   f"{pp.reason()}", err=True)
         sys.exit(1)

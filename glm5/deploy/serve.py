@@ -14,13 +14,11 @@ import json
 import shlex
 from typing import Any
 
-from glm5.deploy.plan import FLOAT_RECIPE, GIB, Plan, Request, recipe_formats, weights_for
-from glm5.vllm import HF_OVERRIDES
+from glm5.deploy.plan import FLOAT_RECIPE, GIB, Plan, Request, recipe_formats
+from glm5.deploy.plugin import PluginPlan, plugin_backend, plugin_plan
 
 DP_RPC_PORT = 13389
 
-#: GLM5_BACKEND of the plugin per machine vendor
-PLUGIN_BACKEND = {"nvidia": "cuda", "ascend": "ascend", "cpu": "cpu"}
 FORMATS = ("bf16", "W8A8", "W4A8")
 #: what each engine's own GLM-5 serves (the engines' quantization support; issue 15's findings)
 NATIVE_FORMATS: dict[str, dict[str, tuple[bool, str]]] = {
@@ -139,50 +137,6 @@ def notes(plan: Plan) -> list[str]:
     return out
 
 
-def plugin_backend(plan: Plan) -> str:
-    return PLUGIN_BACKEND.get(plan.request.machine.vendor, "reference")
-
-
-def plugin_serve_command(plan: Plan, model_path: str, served_name: str = "glm-5") -> str:
-    """The same engine with this project's plugin: the model is the project's, computed by the GLM-5
-    backend. It is not sharded (no tensor or expert parallelism): one whole replica per device, data
-    parallel; its caches are in the model dtype, no CUDA graphs, no MTP drafts."""
-    req, m = plan.request, plan.request.machine
-    args = [
-        model_path,
-        "--served-model-name",
-        served_name,
-        "--hf-overrides",
-        json.dumps(HF_OVERRIDES),
-        "--tensor-parallel-size",
-        "1",
-        "--data-parallel-size",
-        str(m.devices_per_node),
-        "--max-model-len",
-        str(req.max_model_len),
-        "--max-num-seqs",
-        str(req.seqs),
-        "--max-num-batched-tokens",
-        str(req.batched_tokens),
-        "--gpu-memory-utilization",
-        f"{req.util:g}",
-    ]
-    args += [str(a) for a in m.engine.get("args") or [] if isinstance(a, str)]  # flags, not graph configs
-    return f"GLM5_BACKEND={plugin_backend(plan)} {m.engine['command']} " + " ".join(
-        shlex.quote(a) for a in args
-    )
-
-
-def plugin_weights_per_device(plan: Plan) -> int:
-    """Bytes of weights one unsharded plugin replica holds (MTP excluded: the plugin serves no drafts)."""
-    req = plan.request
-    return sum(
-        w.rank_bytes(1, 1, False)
-        for w in weights_for(req.config, req.recipe, req.checkpoint_format)
-        if not w.mtp
-    )
-
-
 def format_support(plan: Plan) -> dict[str, dict[str, dict[str, Any]]]:
     """engine -> format -> {"ok", "why"}: the machine's own engine, and the plugin on its backend
     (from the backend's declared capabilities, whether or not it can run on this host)."""
@@ -198,7 +152,7 @@ def format_support(plan: Plan) -> dict[str, dict[str, dict[str, Any]]]:
             for f in FORMATS
         }
     }
-    name = plugin_backend(plan)
+    name = plugin_backend(plan.request)
     be = loaded(name)
     plug: dict[str, dict[str, Any]] = {}
     for f in FORMATS:
@@ -253,8 +207,7 @@ def to_json(plan: Plan, model_path: str) -> dict[str, Any]:
         "min_nodes_layout": plan.min_nodes_layout,
         "serve_command": cmds[0] if cmds else None,
         "serve_commands": cmds,
-        "plugin_serve_command": plugin_serve_command(plan, model_path),
-        "plugin_weights_per_device": plugin_weights_per_device(plan),
+        "plugin": plugin_plan(req, model_path).to_dict(),
         "formats": format_support(plan),
         "env": req.machine.env(req.recipe),
         "notes": notes(plan),
@@ -316,17 +269,7 @@ def to_text(plan: Plan, model_path: str) -> str:
         lines += [f"  export {k}={shlex.quote(v)}" for k, v in env.items()]
         lines.append("serve:" if req.nodes == 1 else "serve (one command per node, node 0 first):")
         lines += [f"  {c}" for c in serve_commands(plan, model_path)]
-    pw, usable = (
-        plugin_weights_per_device(plan),
-        lay.per_device.get("usable", int(req.util * m.memory_per_device)),
-    )
-    lines.append(
-        "serve with the glm5 vLLM plugin (docs/vllm.md; one unsharded replica per device: "
-        f"{pw / GIB:.1f} GiB of weights vs {usable / GIB:.1f} GiB usable: "
-        + ("the weights fit, caches not counted" if pw < usable else "does not fit")
-        + "):"
-    )
-    lines.append(f"  {plugin_serve_command(plan, model_path)}")
+    lines += plugin_text(plugin_plan(req, model_path))
     lines.append(f"quantized formats on {m.name}:")
     for engine, fmts in format_support(plan).items():
         cells = ", ".join(
@@ -339,3 +282,19 @@ def to_text(plan: Plan, model_path: str) -> str:
                 why.setdefault(v["why"], []).append(f)
         lines += [f"    {'/'.join(fs)}: {w}" for w, fs in why.items()]
     return "\n".join(lines)
+
+
+def plugin_text(pp: PluginPlan) -> list[str]:
+    """The plugin's plan (glm5/deploy/plugin.py): layout, per-device memory, the command or why not."""
+    lay = pp.layout
+    head = f"serve with the glm5 vLLM plugin (GLM5_BACKEND={pp.backend}, docs/vllm.md)"
+    if lay is None:
+        return [f"{head}: not served: {pp.reason()}"]
+    pd = lay.per_device
+    lines = [
+        f"{head}: {lay.name()}, caches {lay.kv_fmt} / indexer {lay.idx_fmt}"
+        + ("" if lay.fits else "   DOES NOT FIT"),
+        "  per device: " + ", ".join(f"{k} {pd[k] / GIB:.2f} GiB" for k in pd),
+    ]
+    lines.append(f"  {pp.command}" if pp.command else f"  not served: {pp.reason()}")
+    return lines

@@ -21,12 +21,13 @@ def test_plan_json_has_the_plugin_command_and_formats():
     r = _plan("h200x8", "glm5-w8a8", "--json")  # W4A8 is refused there: vLLM cannot serve it
     assert r.exit_code == 0, r.output
     p = json.loads(r.output)
-    words = shlex.split(p["plugin_serve_command"])
+    words = shlex.split(p["plugin"]["serve_command"])
     assert words[:3] == ["GLM5_BACKEND=cuda", "vllm", "serve"]
     i = words.index("--hf-overrides")
     assert json.loads(words[i + 1]) == {"architectures": ["Glm5BackendsForCausalLM"]}
-    assert words[words.index("--tensor-parallel-size") + 1] == "1"  # the plugin model is not sharded
-    assert "--speculative-config" not in words and "--hf-overrides" not in shlex.split(p["serve_command"])
+    assert words[words.index("--tensor-parallel-size") + 1] == "1"  # a quantized checkpoint loads whole
+    assert json.loads(words[words.index("--speculative-config") + 1])["method"] == "mtp"  # the plugin's MTP
+    assert "--hf-overrides" not in shlex.split(p["serve_command"])
     native = p["formats"]["vllm"]
     assert native["W4A8"]["ok"] is False and "AMX" in native["W4A8"]["why"]
     assert native["W8A8"]["ok"] is True and native["bf16"]["ok"] is True
