@@ -30,6 +30,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 from glm5 import fsio
 from glm5.checkpoint import read_config, read_json
@@ -70,6 +72,25 @@ def _load(state: dict[str, torch.Tensor], path: Path) -> None:
         dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=not dist.is_initialized())
 
 
+def _plan(model: torch.nn.Module) -> dict:
+    """name -> ShardInfo of the tensors glm5.parallel.plan split in `model` (empty when it is whole)."""
+    return getattr(model, "glm5_plan", None) or {}
+
+
+def _global(t: torch.Tensor, info, mesh: DeviceMesh | None) -> torch.Tensor:
+    """A tensor-parallel slice as a DTensor on `mesh` (sharing its storage), so DCP stores it at its
+    offset in the full tensor; anything else as is."""
+    if info is None or mesh is None or isinstance(t, DTensor) or tuple(t.shape) == tuple(info.full_shape):
+        return t
+    return DTensor.from_local(t, mesh, [Shard(info.dim)], run_check=False, shape=torch.Size(info.full_shape),
+                              stride=torch.empty(info.full_shape, device="meta").stride())
+
+
+def _model_state(model: torch.nn.Module, mesh: DeviceMesh | None) -> dict[str, torch.Tensor]:
+    plan = _plan(model)
+    return {k: _global(v, plan.get(k), mesh) for k, v in get_model_state_dict(model).items()}
+
+
 def _split_optimizer(osd: dict) -> tuple[dict[str, torch.Tensor], dict]:
     """The optimizer state dict as tensors keyed `FQN:NAME` and the rest (JSON)."""
     tensors, state = {}, {}
@@ -85,11 +106,12 @@ def _split_optimizer(osd: dict) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def save_sharded(
-    ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list, trainer: dict, keep: int = 2
+    ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list, trainer: dict, keep: int = 2,
+    mesh: DeviceMesh | None = None,
 ) -> Path:
     """Every rank calls it: checkpoint `step-{step:06d}` written into a staging directory (rank 0 makes
     it, every rank writes its shards), published atomically by rank 0, `latest` re-pointed, the newest
-    `keep` checkpoints kept."""
+    `keep` checkpoints kept. `mesh`: the 1-D mesh of a model split by glm5.parallel.plan."""
     rank, name = _rank(), f"step-{step:06d}"
     box: list[Any] = [fsio.staging_dir(ckpt_root, STAGING) if rank == 0 else None]
     if dist.is_initialized():
@@ -99,7 +121,9 @@ def save_sharded(
     try:
         d = staging / name
         tensors, meta = _split_optimizer(get_optimizer_state_dict(model, optimizers))
-        _save(get_model_state_dict(model), d / MODEL)
+        plan = _plan(model)
+        tensors = {k: _global(v, plan.get(k.rsplit(":", 1)[0]), mesh) for k, v in tensors.items()}
+        _save(_model_state(model, mesh), d / MODEL)
         _save(tensors, d / TRAINER / OPTIM)
         fsio.save_tensors(rng_state(), d / TRAINER / f"rng-rank{rank}.safetensors")
         if rank == 0:
@@ -122,29 +146,38 @@ def save_sharded(
     return final
 
 
-def load_model(path: Path, model: torch.nn.Module) -> None:
+def load_model(path: Path, model: torch.nn.Module, mesh: DeviceMesh | None = None) -> None:
     """The model weights of the sharded checkpoint `path` into `model` (sharded or whole)."""
-    msd = get_model_state_dict(model)
+    msd = _model_state(model, mesh)
     _load(msd, Path(path) / MODEL)
-    set_model_state_dict(model, msd)
+    plan = _plan(model)
+    set_model_state_dict(model, {k: _local_slice(v, k, plan) for k, v in msd.items()})
 
 
-def load_trainer(path: Path, model: torch.nn.Module, optimizers: list) -> None:
+def load_trainer(
+    path: Path, model: torch.nn.Module, optimizers: list, mesh: DeviceMesh | None = None
+) -> None:
     """Optimizer states (resharded to this run's layout) and this rank's RNG state."""
     path = Path(path)
     meta = read_json(path / TRAINER, "optimizer.json")
     params = dict(model.named_parameters())
     md = HuggingFaceStorageReader(str(path / TRAINER / OPTIM)).read_metadata().state_dict_metadata
+    plan = _plan(model)
     template: dict[str, torch.Tensor] = {}
     for key, info in md.items():
-        p = params.get(key.rsplit(":", 1)[0])
+        fqn = key.rsplit(":", 1)[0]
+        p = params.get(fqn)
         if p is None:
             raise ValueError(f"path: {path} holds optimizer state of {key!r}, which the model has not")
-        same = tuple(info.size) == tuple(p.shape) and info.properties.dtype == p.dtype
-        template[key] = torch.zeros_like(p) if same else torch.zeros(info.size, dtype=info.properties.dtype)
+        full = tuple(plan[fqn].full_shape) if fqn in plan else tuple(p.shape)
+        if tuple(info.size) == full and info.properties.dtype == p.dtype:  # the parameter's shape and layout
+            template[key] = _global(torch.zeros_like(p), plan.get(fqn), mesh)
+        else:
+            template[key] = torch.zeros(info.size, dtype=info.properties.dtype)
     _load(template, path / TRAINER / OPTIM)
     state = {
-        fqn: {k: template[v["__tensor__"]] if isinstance(v, dict) and "__tensor__" in v else v
+        fqn: {k: _local_slice(template[v["__tensor__"]], fqn, plan)
+              if isinstance(v, dict) and "__tensor__" in v else v
               for k, v in st.items()}
         for fqn, st in meta["state"].items()
     }
@@ -157,6 +190,11 @@ def load_trainer(path: Path, model: torch.nn.Module, optimizers: list) -> None:
     from safetensors.torch import load_file
 
     set_rng_state(load_file(fsio.inside(rng.parent, rng.name, "rng state")))
+
+
+def _local_slice(t: torch.Tensor, fqn: str, plan: dict) -> torch.Tensor:
+    """The plan's slice as the plain tensor the optimizer holds (FSDP DTensors stay DTensors)."""
+    return t.to_local() if fqn in plan and isinstance(t, DTensor) else t
 
 
 def model_from(path: Path, backend: str | None = None) -> torch.nn.Module:

@@ -96,7 +96,7 @@ class Dist:
         world = dist.get_world_size()
         if world != mesh.size:
             raise ValueError(f"mesh: {mesh} covers {mesh.size} processes, the run has {world}")
-        dm = init_device_mesh(device.type, (mesh.dp,), mesh_dim_names=("dp",))
+        dm = init_device_mesh(device.type, (world,), mesh_dim_names=(mesh.axis,))
         return cls(mesh, zero, dm, dist.get_rank(), world)
 
     @property
@@ -104,9 +104,24 @@ class Dist:
         """Rank 0 alone writes metrics, the summary and plots."""
         return self.rank == 0
 
+    @property
+    def model_parallel(self) -> bool:
+        """tp or ep: the model split by glm5.parallel.plan (not FSDP)."""
+        return self.mesh.axis in ("tp", "ep")
+
     def shard(self, model: torch.nn.Module) -> None:
-        """FSDP2 in place: each decoder layer a unit, the rest (MTP layer included) the root unit."""
+        """dp: FSDP2 in place, each decoder layer a unit, the rest (MTP layer included) the root unit.
+        tp / ep: the one parallel plan (glm5/parallel/plan.py) over the mesh's group."""
         from torch.distributed.fsdp import fully_shard
+
+        if self.model_parallel:
+            from glm5.parallel.group import Single, TorchGroup
+            from glm5.parallel.plan import apply
+
+            group = TorchGroup(self.device_mesh.get_group(0))
+            apply(model, tp=group if self.mesh.axis == "tp" else Single(), ep=group if self.mesh.axis == "ep"
+                  else None)
+            return
 
         reshard = self.zero == 3
         # the model returns views (e.g. its loss); nothing here modifies them in place
@@ -130,14 +145,39 @@ class Dist:
     def local_batch(self, ids: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the global batch [B, S] (B divides by dp: checked by the CLI / Trainer)."""
         per = ids.shape[0] // self.mesh.dp
+        if per == ids.shape[0]:
+            return ids  # tp / ep: every rank sees the whole batch
         return ids[self.rank * per : (self.rank + 1) * per]
 
     def optimizers(self, model: torch.nn.Module, mode: str, lr: float, weight_decay: float) -> list:
         """[DistributedMuon, AdamW] over the sharded parameters (glm5/train/muon_dist.py)."""
         return build_distributed_optimizers(model, mode, lr, weight_decay)
 
-    def balancer(self, model: torch.nn.Module, gamma: float) -> DistBalancer:
-        return DistBalancer(model, gamma)
+    def balancer(self, model: torch.nn.Module, gamma: float) -> ExpertBalancer:
+        # tp / ep: the router is replicated, every rank counts the same tokens
+        return ExpertBalancer(model, gamma) if self.model_parallel else DistBalancer(model, gamma)
+
+    @property
+    def plan_mesh(self) -> DeviceMesh | None:
+        """The mesh the plan's slices lie on (for checkpoints), None under FSDP."""
+        return self.device_mesh if self.model_parallel else None
+
+    def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+        """Clip to the global gradient norm. FSDP2: torch's clip_grad_norm_ on the DTensor gradients;
+        tp / ep: the squares of the plan's slices summed over the group (in rank order), replicated
+        parameters counted once, so every rank scales by the same factor."""
+        if not self.model_parallel:
+            return full(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False))
+        from glm5.parallel.group import TorchGroup
+
+        grads = [(p.grad, getattr(p, "glm5_shard", None) is not None) for p in params if p.grad is not None]
+        sliced = sum((g.float().pow(2).sum() for g, s in grads if s), torch.zeros(()))
+        replicated = sum((g.float().pow(2).sum() for g, s in grads if not s), torch.zeros(()))
+        total = (TorchGroup(self.device_mesh.get_group(0)).all_reduce(sliced) + replicated).sqrt()
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for g, _ in grads:
+            g.mul_(coef.to(g.dtype))
+        return total
 
     def mean(self, value: float) -> float:
         """The mean over ranks of a per-rank scalar (for the metrics record)."""

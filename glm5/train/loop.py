@@ -192,15 +192,16 @@ class Trainer:
                 raise ValueError(f"resume: {ckpt} was written by a 1-process run; resume it without --nproc")
             self.dist = Dist.setup(mesh, zero, self.model.backend.device)
             self.dist.shard(self.model)
+        plan_mesh = None if self.dist is None else self.dist.plan_mesh
         if sharded is not None:
-            dist_state.load_model(sharded, self.model)
+            dist_state.load_model(sharded, self.model, plan_mesh)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if self.dist is not None:
             self.optimizers = self.dist.optimizers(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay)
         else:
             self.optimizers = build_optimizers(self.model, cfg.optimizer, cfg.lr, cfg.weight_decay)
         if ckpt is not None and sharded is not None:
-            dist_state.load_trainer(ckpt, self.model, self.optimizers)
+            dist_state.load_trainer(ckpt, self.model, self.optimizers, plan_mesh)
         elif ckpt is not None:
             load_into(ckpt, self.optimizers)
         self.corpus = ByteCorpus(max_bytes=cfg.max_bytes)
@@ -237,11 +238,10 @@ class Trainer:
             if kl is not None:
                 total = total + cfg.kl_weight * kl
         total.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=False)  # global norm
-        if self.dist is not None:
-            from glm5.train.distributed import full
-
-            gnorm = full(gnorm)
+        if self.dist is not None:  # the global norm over every rank's shards
+            gnorm = self.dist.clip_grad_norm(self.params, cfg.grad_clip)
+        else:
+            gnorm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=False)
         for o in self.optimizers:
             o.step()
             o.zero_grad(set_to_none=True)
@@ -308,8 +308,12 @@ class Trainer:
                     self._check_parameters(done)
                     if writer:
                         os.fsync(mf.fileno())  # the records a checkpoint covers are on disk before it is
-                    save = dist_state.save_sharded if self.dist is not None else save_checkpoint
-                    save(self.ckpt_root, done, self.model, self.optimizers, self._trainer_state(), cfg.keep)
+                    if self.dist is not None:
+                        dist_state.save_sharded(self.ckpt_root, done, self.model, self.optimizers,
+                                                self._trainer_state(), cfg.keep, self.dist.plan_mesh)
+                    else:
+                        save_checkpoint(self.ckpt_root, done, self.model, self.optimizers,
+                                        self._trainer_state(), cfg.keep)
                 bar(done, rec)
         summary = {
             "steps": cfg.steps,
@@ -323,7 +327,9 @@ class Trainer:
         }
         if self.dist is not None:
             summary["world"] = self.dist.world
-            summary["zero"] = self.dist.zero
+            summary["mesh"] = str(self.dist.mesh)
+            if not self.dist.model_parallel:
+                summary["zero"] = self.dist.zero
         if writer:
             fsio.write_text_atomic(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary

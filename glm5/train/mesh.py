@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 AXES = ("dp", "tp", "ep", "pp")
-#: axes this build can run with a size above 1 (tp / ep wait for glm5.parallel.plan, pp for a schedule)
-RUNNABLE = ("dp",)
+#: axes this build can run with a size above 1, one at a time (pp waits for the pipeline wiring; dp x tp
+#: for DistributedMuon and the checkpoints on FSDP shards of tensor-parallel slices)
+RUNNABLE = ("dp", "tp", "ep")
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,11 @@ class Mesh:
     @property
     def size(self) -> int:
         return self.dp * self.tp * self.ep * self.pp
+
+    @property
+    def axis(self) -> str:
+        """The one axis above 1 ('dp' for a single process)."""
+        return next((a for a in AXES if getattr(self, a) > 1), "dp")
 
     def __str__(self) -> str:
         return ",".join(f"{a}={getattr(self, a)}" for a in AXES)
@@ -50,4 +56,8 @@ def check_mesh(mesh: Mesh, nproc: int) -> None:
         raise ValueError(f"the axes multiply to {mesh.size} ({mesh}), expected --nproc ({nproc})")
     for axis in AXES:
         if axis not in RUNNABLE and getattr(mesh, axis) > 1:
-            raise ValueError(f"{axis}={getattr(mesh, axis)}: not in this build yet (data parallel only)")
+            raise ValueError(f"{axis}={getattr(mesh, axis)}: not in this build yet (dp, tp or ep)")
+    used = [a for a in AXES if getattr(mesh, a) > 1]
+    if len(used) > 1:
+        raise ValueError(f"{' x '.join(used)}: one axis above 1 at a time (a 2-D mesh is not in this build "
+                         "yet)")

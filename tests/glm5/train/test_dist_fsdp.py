@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -63,6 +65,9 @@ def _fsdp_worker(rank: int, world: int, out: str) -> None:
     cfg = TrainConfig(steps=20, batch_size=4, seq_len=32, lr=1e-2, warmup_steps=2, eval_every=10,
                       eval_batches=1, save_every=20, max_bytes=256 << 10, deterministic=True)
     Trainer(cfg, f"{out}/run", mesh=Mesh(dp=world), zero=2).run(progress=False)
+    # the same run split by the tensor-parallel plan instead, 4 steps
+    cfg = dataclasses.replace(cfg, steps=4, save_every=4)
+    Trainer(cfg, f"{out}/tp", mesh=Mesh(tp=world)).run(progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +147,8 @@ def test_mesh_parsing():
 @pytest.mark.parametrize("args, hint, msg", [
     (["--nproc", "2", "--mesh", "dp=3"], "'--mesh'", "multiply to 3"),
     (["--nproc", "2", "--mesh", "dp=2,tp=0"], "'--mesh'", "tp: expected an integer >= 1, got 0"),
-    (["--nproc", "2", "--mesh", "dp=1,tp=2"], "'--mesh'", "tp=2: not in this build yet"),
+    (["--nproc", "4", "--mesh", "dp=2,tp=2"], "'--mesh'", "a 2-D mesh is not in this build yet"),
+    (["--nproc", "2", "--mesh", "pp=2"], "'--mesh'", "pp=2: not in this build yet"),
     (["--nproc", "2", "--mesh", "pp"], "'--mesh'", "expected AXIS=N"),
     (["--nproc", "2", "--batch-size", "3"], "'--batch-size'", "must divide by dp (2), got 3"),
     (["--nproc", "2", "--stage", "rl"], "'--stage'", "not in this build yet"),
@@ -155,3 +161,23 @@ def test_bad_parallel_options_are_one_line_exit_2_before_anything_is_written(tmp
     error = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
     assert len(error) == 1 and hint in error[0] and msg in error[0], res.output
     assert not out.exists()
+
+
+def test_a_tp2_run_follows_the_dp2_run_and_its_checkpoint_resumes_at_one_rank(fsdp_run, tmp_path):
+    def records(run):
+        return [json.loads(ln) for ln in (fsdp_run / run / "metrics.jsonl").read_text().splitlines()]
+
+    tp, dp = records("tp"), records("run")[:4]
+    for a, b in zip(tp, dp, strict=True):
+        for key in ("loss", "lm_loss", "mtp_loss", "grad_norm"):
+            assert abs(a[key] - b[key]) <= 1e-5 * abs(b[key]), (a["step"], key, a[key], b[key])
+    run = tmp_path / "tp"
+    shutil.copytree(fsdp_run / "tp", run, symlinks=True)
+    trainer = Trainer(TrainConfig(steps=5), run, resume=True)  # 1 process: the tp slices put back together
+    q_b = trainer.model.model.layers[0].self_attn.q_b_proj.weight
+    assert tuple(q_b.shape) == (trainer.model.config.num_attention_heads * trainer.model.config.qk_head_dim,
+                                trainer.model.config.q_lora_rank)
+    assert all(len(st) for o in trainer.optimizers for st in o.state.values())
+    trainer.run(progress=False)
+    steps = [json.loads(ln)["step"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5]
