@@ -10,6 +10,8 @@ A row is one op x dtype of the fixed matrix (backends.ops.OPS). Its state counts
     partial      some passed; the others were declined (limits, layouts), skipped or expected failures
     failing      a case failed (FAIL, ERROR or XPASS; validation cases included), or every numeric case
                  that ran is a manifest's expected failure
+    borrowed     the backend borrows the op (backends/borrow.py): the reference serves it on host copies;
+                 its cost (calls, bytes, seconds) is measured over the model-level checks
     unsupported  no numeric case ran: every one was declined (or some skipped), with the reasons given
     skipped      every numeric case was skipped by the backend's manifest (with its reason)
     not run      the suite selected no case of the row
@@ -25,9 +27,9 @@ from typing import Any
 
 from backends.ops import OPS
 from conformance.report import BackendRun, cell, summary
-from conformance.result import FAILING, PASS, RAN, SKIPPED, Result
+from conformance.result import BORROWED, FAILING, PASS, RAN, SKIPPED, Result
 
-STATES = ("passing", "partial", "failing", "unsupported", "skipped", "not run")
+STATES = ("passing", "partial", "failing", "borrowed", "unsupported", "skipped", "not run")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ def row(op: str, dtype: str, results: Sequence[Result]) -> dict[str, Any]:
         state = "not run"
     elif failing:
         state = "failing"
+    elif numeric and all(r.status == BORROWED for r in numeric):
+        state = "borrowed"
     elif not ran:
         state = "skipped" if all(r.status == SKIPPED for r in numeric) else "unsupported"
     elif len(passed) == len(numeric):
@@ -113,7 +117,9 @@ def remaining(backend, table: list[dict[str, Any]], needed, model: dict[str, Any
         r = state[(n.op, n.dtype)]
         caps = backend.capabilities(n.op)
         why = []
-        if r["state"] not in ("passing", "partial"):
+        if n.op in backend.borrowed:
+            why.append("borrowed from the reference (host copies): not ported")
+        elif r["state"] not in ("passing", "partial"):
             why.append(f"conformance {r['state']}" + (f": {r['reasons'][0]}" if r["reasons"] else ""))
         if caps is not None:
             missing = sorted(n.layouts - set(caps.layouts))
@@ -196,10 +202,12 @@ def build(
         report.write_json(runs, conformance_json)
     run = runs[0]
     table = rows(run)
+    before = be.borrow_ledger.snapshot()
     if model_checks:
         model = {"greedy_tokens": mc.greedy(name), "shadow": mc.shadow(name)}
     else:
         model = {k: {"status": "skipped", "detail": "--no-model"} for k in ("greedy_tokens", "shadow")}
+    borrowed = borrow_costs(be, before, measured=model_checks)
     states = Counter(r["state"] for r in table)
     needed_keys = {(n.op, n.dtype) for n in needed}
     needed_ok = sum(
@@ -217,6 +225,7 @@ def build(
         "determinism": determinism(run),
         "claims": [c for c in run.claims if c["verdict"] != "ok"],
         "model_checks": model,
+        "borrowed": borrowed,
         "needs": {
             **ran,
             "ops": [n.to_json() for n in needed],
@@ -228,12 +237,31 @@ def build(
     }
 
 
+def borrow_costs(be, before: dict[str, dict[str, Any]], measured: bool) -> list[dict[str, Any]]:
+    """Per borrowed op, what borrowing it cost over the model-level checks (the conformance suite never
+    runs a borrowed op: it would compare the reference with itself)."""
+    out = []
+    for op in sorted(be.borrowed):
+        now, was = be.borrow_ledger.cost(op), before.get(op, {})
+        cost = {k: round(v - was.get(k, 0), 6) for k, v in now.items()} if measured else None
+        out.append({"op": op, "cost": cost})
+    return out
+
+
+def _cost_text(cost: dict[str, Any] | None) -> str:
+    if cost is None:
+        return "cost not measured (--no-model)"
+    mb = (cost["bytes_to_host"] + cost["bytes_to_device"]) / 1e6
+    return f"{cost['calls']} calls, {mb:.3f} MB copied, {cost['seconds']:.3f} s over the model checks"
+
+
 def headline(rep: dict[str, Any]) -> str:
     s, n, m = rep["states"], rep["needs"], rep["model_checks"]
     recipe = f" + {', '.join(n['recipes'])}" if n["recipes"] else ""
     return (
         f"{rep['backend']}: {rep['rows_passing']} of {rep['rows_total']} op x dtype rows passing "
-        f"({s['partial']} partial, {s['failing']} failing, {s['unsupported']} unsupported, "
+        f"({s['partial']} partial, {s['failing']} failing, {s['borrowed']} borrowed, "
+        f"{s['unsupported']} unsupported, "
         f"{s['skipped']} skipped, {s['not run']} not run); "
         f"GLM-5 {n['config']}{recipe} ({n['dtype']}) needs {n['total']} rows, {n['ready']} ready; "
         f"model: greedy {m['greedy_tokens']['status']}, shadow {m['shadow']['status']}; "
@@ -270,6 +298,9 @@ def to_markdown(rep: dict[str, Any]) -> str:
         f"| {d['op']} | {d['claim']} | {d['verdict']} | {d['pass']} | {d['fail']} |"
         for d in rep["determinism"]
     ]
+    if rep["borrowed"]:
+        out += ["", "## Borrowed ops (the reference on host copies)", ""]
+        out += [f"- {b['op']}: {_cost_text(b['cost'])}" for b in rep["borrowed"]]
     out += ["", "## Model-level checks (tiny GLM-5)", ""]
     for k, v in rep["model_checks"].items():
         out.append(f"- **{k}**: {v['status']}: {v['detail']}")
@@ -305,7 +336,7 @@ def render(rep: dict[str, Any], console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    colors = {"passing": "green", "partial": "yellow", "failing": "red"}
+    colors = {"passing": "green", "partial": "yellow", "failing": "red", "borrowed": "yellow"}
     colors |= {"unsupported": "dim", "skipped": "dim", "not run": "dim"}
     table = Table(title=f"Porting status of {rep['backend']} (suite {rep['suite']})")
     for col in ("op", "dtype", "state", "numeric", "validation"):
@@ -325,6 +356,8 @@ def render(rep: dict[str, Any], console) -> None:
     for d in rep["determinism"]:
         if d["verdict"] not in ("holds", "not applicable"):
             console.print(f"[yellow]determinism[/] {d['op']} {d['claim']}: {d['verdict']}")
+    for b in rep["borrowed"]:
+        console.print(f"[yellow]borrowed[/] {b['op']}: {_cost_text(b['cost'])}")
     for k, v in rep["model_checks"].items():
         console.print(f"model {k}: {v['status']}: {escape(v['detail'])}")
     for x in rep["remaining"]:

@@ -134,3 +134,27 @@ def test_worked_example_generates_end_to_end(dayone):
     borrowed = dayone.borrow_ledger.snapshot()
     assert {"indexer_topk", "sparse_mla_attention"} <= set(borrowed)
     assert "grouped_matmul" not in borrowed
+
+
+def test_port_status_shows_borrowed_rows_and_their_cost(dayone, tmp_path):
+    from conformance import report
+    from glm5.port import status
+
+    # the report from a conformance JSON of two ops (cheap), plus the model-level checks it runs itself
+    runner = Runner(dayone)
+    results = runner.run(cases.select(["topk", "grouped_matmul"], "smoke", dtypes=["float32"]))
+    report.write_json([BackendRun("dayone", {}, results)], str(tmp_path / "c.json"))
+    rep = status.build("dayone", need=status.Need(), from_json=str(tmp_path / "c.json"))
+    rows = {(r["op"], r["dtype"]): r["state"] for r in rep["rows"]}
+    assert rows[("topk", "float32")] == "borrowed" and rows[("grouped_matmul", "float32")] == "passing"
+    assert rep["states"]["borrowed"] == 1 and rep["rows_passing"] == 1
+    assert rep["model_checks"]["greedy_tokens"]["status"] == "pass"
+    cost = {b["op"]: b["cost"] for b in rep["borrowed"]}
+    assert set(cost) == set(dayone.borrowed)
+    assert cost["sparse_mla_attention"]["calls"] > 0 and cost["sparse_mla_attention"]["bytes_to_host"] > 0
+    assert cost["w8a8_matmul"]["calls"] == 0  # a float model borrows no int8 GEMM
+    needed_borrowed = [x for x in rep["remaining"] if x["what"].startswith("sparse_mla_attention/")]
+    assert needed_borrowed and "borrowed from the reference" in needed_borrowed[0]["why"]
+    md = status.to_markdown(rep)
+    assert "## Borrowed ops" in md and "| topk | float32 | borrowed |" in md
+    assert "1 borrowed" in status.headline(rep)
