@@ -10,9 +10,9 @@ Installed with the `vllm` extra; vLLM runs `register` in every process through t
 
 from __future__ import annotations
 
-ARCHITECTURE = "Glm5BackendsForCausalLM"
-HF_OVERRIDES = {"architectures": [ARCHITECTURE]}
-MTP_ARCHITECTURE = "Glm5BackendsMTP"
+from glm5.vllm.names import ARCHITECTURE, HF_OVERRIDES, MTP_ARCHITECTURE
+
+__all__ = ["ARCHITECTURE", "HF_OVERRIDES", "MTP_ARCHITECTURE", "register"]
 
 
 def register() -> None:

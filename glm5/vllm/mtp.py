@@ -30,9 +30,9 @@ from glm5.checkpoint import read_config
 from glm5.config import GLM5Config
 from glm5.layers import rope_angles
 from glm5.model import GLM5ForCausalLM
-from glm5.vllm import MTP_ARCHITECTURE
 from glm5.vllm.cache import Glm5CacheLayer
 from glm5.vllm.fp8_cache import CacheFormats, FP8CacheOps, FP8PagedCaches
+from glm5.vllm.names import MTP_ARCHITECTURE
 
 #: the drafts vLLM would pick for a glm_moe_dsa checkpoint (SpeculativeConfig.hf_config_override)
 VLLM_MTP_ARCHITECTURES = ("DeepseekV32MTPModel", "DeepSeekMTPModel")
