@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "checkpoint": "glm5.train.checkpoint_cli:checkpoint",
     "plan": "glm5.deploy.cli:plan",
     "port": "glm5.port.cli:port",
+    "ops": "glm5.port.ops:ops_cmd",
 }
 
 
@@ -34,6 +35,7 @@ SUMMARIES: dict[str, str] = {
     "train": "Train GLM-5 (Muon Split, MTP, DSA stages, RL with IcePop); metrics and checkpoints in --out.",
     "plan": "Plan a deployment: which checkpoint, parallelism and memory fit the machines.",
     "checkpoint": "Convert a sharded training checkpoint to the Hugging Face layout (export-hf) and back.",
+    "ops": "Where an op lives: spec section, reference, each backend's file and kernel, cases, tests, bench.",
 }
 
 # the pip extra a command's imports need, for the one-line error when it is missing
