@@ -9,6 +9,7 @@ time. The conformance suite reports a borrowed op as BORROWED, never as passing.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -103,9 +104,16 @@ def run_borrowed(ledger: BorrowLedger, op: str, reference: OpImpl, args: dict[st
     return out
 
 
-def borrowed_impl(ledger: BorrowLedger, op: str, reference: OpImpl, device: str) -> OpImpl:
+def reference_impl(op: str) -> OpImpl:
+    """The reference's implementation of `op`: `backends.reference.<op>.IMPL` (the op table convention;
+    the op module, not the package, so the front door does not import the reference backend's class)."""
+    return importlib.import_module(f"backends.reference.{op}").IMPL
+
+
+def borrowed_impl(ledger: BorrowLedger, op: str, device: str) -> OpImpl:
     """The OpImpl a backend serves a borrowed op with: the reference's capabilities, its function run by
     `run_borrowed` (the recompute backward differentiates through the copies)."""
+    reference = reference_impl(op)
 
     def fn(**args: Any) -> Any:
         return run_borrowed(ledger, op, reference, args, device)

@@ -106,9 +106,7 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
             return self.ops.get(op)
         impl = self._borrowed_impls.get(op)
         if impl is None:
-            from backends.reference import ReferenceBackend
-
-            impl = borrowed_impl(self.borrow_ledger, op, ReferenceBackend.ops[op], self.device)
+            impl = borrowed_impl(self.borrow_ledger, op, self.device)
             self._borrowed_impls[op] = impl
         return impl
 
