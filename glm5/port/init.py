@@ -130,7 +130,7 @@ def files(name: str) -> dict[str, str]:
         "README.md": _render(
             "README.md.tmpl", n, example_op=EXAMPLE_OP_NAME, example=EXAMPLE_OP, n_ops=str(len(ops))
         ),
-        f"{pkg}/__init__.py": _render("__init__.py.tmpl", n),
+        f"{pkg}/__init__.py": _render("__init__.py.tmpl", n, example_op=EXAMPLE_OP_NAME),
         f"{pkg}/_not_ported.py": _render("_not_ported.py.tmpl", n),
         f"{pkg}/expectations.yaml": _render("expectations.yaml.tmpl", n),
         "tests/test_conformance.py": _render("test_conformance.py.tmpl", n),
