@@ -197,11 +197,16 @@ def _local_slice(t: torch.Tensor, fqn: str, plan: dict) -> torch.Tensor:
     return t.to_local() if fqn in plan and isinstance(t, DTensor) else t
 
 
-def model_from(path: Path, backend: str | None = None) -> torch.nn.Module:
-    """A whole (unsharded) GLM5ForCausalLM with the weights of the sharded checkpoint `path`."""
+def empty_model(path: Path, backend: str | None = None) -> torch.nn.Module:
+    """A GLM5ForCausalLM of the sharded checkpoint `path`'s config, its weights not loaded yet."""
     from glm5.model import GLM5ForCausalLM
 
-    model = GLM5ForCausalLM(GLM5Config.from_dict(read_config(Path(path))), backend=backend)
+    return GLM5ForCausalLM(GLM5Config.from_dict(read_config(Path(path))), backend=backend)
+
+
+def model_from(path: Path, backend: str | None = None) -> torch.nn.Module:
+    """A whole (unsharded) GLM5ForCausalLM with the weights of the sharded checkpoint `path`."""
+    model = empty_model(path, backend)
     load_model(path, model)
     return model
 

@@ -99,6 +99,28 @@ class Dist:
         dm = init_device_mesh(device.type, (world,), mesh_dim_names=(mesh.axis,))
         return cls(mesh, zero, dm, dist.get_rank(), world)
 
+    @classmethod
+    def for_run(
+        cls, mesh: Mesh, zero: int, model: torch.nn.Module, batch_size: int, plain_checkpoint=None
+    ) -> Dist:
+        """`setup` and `shard` for a Trainer, after checking the global batch divides by dp and that it
+        does not resume a 1-process checkpoint (`plain_checkpoint`: its optimizer state is not sharded)."""
+        if batch_size % mesh.dp:
+            raise ValueError(f"batch_size: the global batch ({batch_size}) must divide by dp ({mesh.dp})")
+        if plain_checkpoint is not None:
+            raise ValueError(f"resume: {plain_checkpoint} was written by a 1-process run; resume it without "
+                             "--nproc")
+        d = cls.setup(mesh, zero, model.backend.device)
+        d.shard(model)
+        return d
+
+    def global_record(self, rec: dict) -> dict:
+        """A step's metrics record for the global batch: the mean of the ranks' losses, the largest logit."""
+        for key in ("loss", "lm_loss", "mtp_loss", "kl_loss"):
+            rec[key] = None if rec[key] is None else self.mean(rec[key])
+        rec["max_attn_logit"] = self.max(rec["max_attn_logit"])
+        return rec
+
     @property
     def is_writer(self) -> bool:
         """Rank 0 alone writes metrics, the summary and plots."""

@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from glm5 import fsio
-from glm5.checkpoint import read_config
 from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
 from glm5.train import dist_state
@@ -168,7 +167,7 @@ class Trainer:
         set_determinism(cfg)
         sharded = next((Path(p) for p in (ckpt, cfg.init) if p and dist_state.is_sharded(p)), None)
         if sharded is not None:  # weights loaded once the model is sharded
-            self.model = GLM5ForCausalLM(GLM5Config.from_dict(read_config(sharded)), backend=cfg.backend)
+            self.model = dist_state.empty_model(sharded, cfg.backend)
         elif ckpt is not None:
             self.model = GLM5ForCausalLM.from_pretrained(ckpt, backend=cfg.backend)
         elif cfg.init:
@@ -185,13 +184,8 @@ class Trainer:
         if mesh is not None:
             from glm5.train.distributed import Dist
 
-            if cfg.batch_size % mesh.dp:
-                raise ValueError(f"batch_size: the global batch ({cfg.batch_size}) must divide by dp "
-                                 f"({mesh.dp})")
-            if ckpt is not None and sharded is None:
-                raise ValueError(f"resume: {ckpt} was written by a 1-process run; resume it without --nproc")
-            self.dist = Dist.setup(mesh, zero, self.model.backend.device)
-            self.dist.shard(self.model)
+            plain = ckpt if sharded is None else None
+            self.dist = Dist.for_run(mesh, zero, self.model, cfg.batch_size, plain)
         plan_mesh = None if self.dist is None else self.dist.plan_mesh
         if sharded is not None:
             dist_state.load_model(sharded, self.model, plan_mesh)
@@ -259,11 +253,7 @@ class Trainer:
             "tokens": (step + 1) * cfg.batch_size * cfg.seq_len,
             "step_s": time.perf_counter() - t0,
         }
-        if self.dist is not None:  # the record of the global batch: means of the ranks' losses
-            for key in ("loss", "lm_loss", "mtp_loss", "kl_loss"):
-                rec[key] = None if rec[key] is None else self.dist.mean(rec[key])
-            rec["max_attn_logit"] = self.dist.max(rec["max_attn_logit"])
-        return rec
+        return rec if self.dist is None else self.dist.global_record(rec)
 
     @torch.no_grad()
     def evaluate(self) -> float:
