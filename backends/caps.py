@@ -15,6 +15,9 @@ from typing import Any
 from backends.limits import Limit
 
 TIE_RULES = ("lower_index", "none")
+#: cache layouts an attention-like op may serve: one tensor ragged or paged, or paged as split pools
+#: (`backends.cache_layout.MLAPools`, sparse_mla_attention only)
+CACHE_KINDS = ("ragged", "paged", "pools")
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,8 @@ class OpCaps:
     """What one backend promises for one op.
 
     dtypes: values of the op's dtype axis it serves (e.g. "float32", "bfloat16"; "w8a8" for grouped_matmul).
-    layouts: cache layouts served by attention-like ops ("ragged", "paged"); empty for other ops.
+    layouts: cache layouts served by attention-like ops ("ragged", "paged", "pools": a paged latent cache
+      as split pools, backends.cache_layout); empty for other ops.
     limits: typed bounds on measurable quantities (`backends.limits.Limit`): enforced by the front door
       with their reasons, and tested at and just past each bound by the conformance suite.
     notes: free-text facts shown in reports that are not bounds (a route taken, a precision note). A
@@ -58,8 +62,8 @@ class OpCaps:
         if self.tie_rule is not None and self.tie_rule not in TIE_RULES:
             raise ValueError(f"tie_rule: expected one of {TIE_RULES} or None, got {self.tie_rule!r}")
         for lay in self.layouts:
-            if lay not in ("ragged", "paged"):
-                raise ValueError(f"layouts: expected 'ragged' or 'paged', got {lay!r}")
+            if lay not in CACHE_KINDS:
+                raise ValueError(f"layouts: expected entries of {CACHE_KINDS}, got {lay!r}")
 
     def limit_reasons(self, op: str, args: dict[str, Any], dtype: str) -> list[str]:
         """Why these arguments are past a (non-route) declared limit; [] if within every one."""

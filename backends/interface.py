@@ -27,6 +27,7 @@ import torch
 
 from backends import custom_op, library
 from backends.borrow import BorrowLedger, borrowed_impl, check_names
+from backends.cache_layout import MLACacheLayout, MLAPools, arg_tensors, cache_kind
 from backends.caps import OpCaps, OpImpl
 from backends.errors import NotSupported
 from backends.interface_fp8 import FP8Ops
@@ -59,7 +60,7 @@ def _plain_eager(args: dict[str, Any]) -> bool:
         or torch._C._are_functorch_transforms_active()
     ):
         return False
-    tensors = [v for v in args.values() if isinstance(v, torch.Tensor)]
+    tensors = arg_tensors(args)
     layout = args.get("layout")
     if isinstance(layout, SeqLayout):
         tensors += [t for t in layout.tensors() if t is not None]
@@ -76,6 +77,9 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
     #: is served that way even if `ops` has an entry for it (a generated stub). `every_op_except(...)`
     #: (backends/borrow.py) spells "everything but what is ported" during bring-up.
     borrow: ClassVar[frozenset[str]] = frozenset()
+    #: how this backend stores the paged MLA latent cache (backends/cache_layout.py): the contract's one
+    #: tensor, or split pools its sparse_mla_attention reads with no copy (then its caps list "pools")
+    mla_cache: ClassVar[MLACacheLayout] = MLACacheLayout()
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
@@ -135,8 +139,11 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
 
     def _device_reasons(self, args: Mapping[str, Any]) -> list[str]:
         for name, val in args.items():
-            if isinstance(val, torch.Tensor) and val.device.type != self.device:
-                return [f"{name} is on {val.device.type}; this backend runs on {self.device}"]
+            parts = val._asdict() if isinstance(val, MLAPools) else {"": val}
+            for part, t in parts.items():
+                if isinstance(t, torch.Tensor) and t.device.type != self.device:
+                    where = f"{name}.{part}" if part else name
+                    return [f"{where} is on {t.device.type}; this backend runs on {self.device}"]
         return []
 
     def reasons(self, op: str, args: Mapping[str, Any]) -> list[str]:
@@ -149,9 +156,9 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
         dt = spec.dtype_of(dict(args))
         if dt not in caps.dtypes:
             out.append(f"dtype {dt} not in supported {list(caps.dtypes)}")
-        layout = args.get("layout")
-        if isinstance(layout, SeqLayout) and layout.kind not in caps.layouts:
-            out.append(f"{layout.kind} cache layout not in supported {list(caps.layouts)}")
+        kind = cache_kind(dict(args))
+        if kind is not None and kind not in caps.layouts:
+            out.append(f"{kind} cache layout not in supported {list(caps.layouts)}")
         out.extend(self._device_reasons(args))
         if not out:
             out.extend(caps.limit_reasons(op, dict(args), dt))
@@ -215,6 +222,12 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
         wants_grad = torch.is_grad_enabled() and any(
             isinstance(args[n], torch.Tensor) and args[n].requires_grad for n in spec.grad_args
         )
+        if wants_grad and cache_kind(args) == "pools":
+            raise NotSupported(
+                [f"{op} on split pools is inference only (no backward; call it under no_grad)"],
+                backend=self.name,
+                op=op,
+            )
         if wants_grad and not impl.caps.differentiable:
             raise NotSupported(
                 [

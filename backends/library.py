@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from backends.cache_layout import MLAPools
 from backends.custom_op import (
     _fresh,
     _grads,
@@ -213,6 +214,34 @@ def _sparse_bwd(ctx, d_out, d_lse):
 
 sparse_mla_attention.register_autograd(_sparse_bwd, setup_context=_sparse_setup)
 
+
+@_lib_op("sparse_mla_attention_pools")
+def sparse_mla_attention_pools(
+    q: Tensor,
+    kv_latent: Tensor,
+    kv_rope: Tensor,
+    indices: Tensor,
+    cu_seqlens_q: Tensor,
+    seqlens_k: Tensor,
+    cu_seqlens_k: Tensor | None,
+    block_table: Tensor | None,
+    max_seqlen_k: int,
+    sm_scale: float,
+    d_v: int,
+    return_lse: bool,
+    backend: str,
+) -> tuple[Tensor, Tensor]:
+    """sparse_mla_attention on a split-pool cache (backends/cache_layout.py; inference only: no autograd)."""
+    lay = (cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
+    pools = MLAPools(kv_latent, kv_rope)
+    return run_attention("sparse_mla_attention", backend, q, pools, indices, lay, sm_scale, d_v, return_lse)
+
+
+@sparse_mla_attention_pools.register_fake
+def _(q, kv_latent, kv_rope, indices, cu_q, sk, cu_k, bt, max_k, sm_scale, d_v, return_lse, backend):
+    return attention_fake(q, d_v, return_lse)
+
+
 # -- dynamic_quant_int8 (SPEC 2.5) -----------------------------------------------------------------
 
 
@@ -375,7 +404,11 @@ def custom_op_args(op: str, args: dict[str, Any], key: str) -> tuple:
 
 
 def call(key: str, op: str, args: dict[str, Any]) -> Any:
-    """Call op's custom op with the interface's named arguments."""
+    """Call op's custom op with the interface's named arguments (a split-pool cache: its own op)."""
+    pools = args.get("kv_cache")
+    if op == "sparse_mla_attention" and isinstance(pools, MLAPools):
+        flat = custom_op_args(op, {**args, "kv_cache": pools.latent}, key)
+        return as_asked(op, args, sparse_mla_attention_pools(flat[0], pools.latent, pools.rope, *flat[2:]))
     return as_asked(op, args, CUSTOM_OPS[op](*custom_op_args(op, args, key)))
 
 

@@ -28,6 +28,7 @@ from backends.argcheck import (  # noqa: F401  (re-exported: the validators' sha
     check_tensor,
     fail,
 )
+from backends.cache_layout import MLAPools
 from backends.layout import SeqLayout
 
 
@@ -107,18 +108,42 @@ def values_topk(x, k, lengths) -> None:
                 fail("lengths", f"values in [0, {x.shape[1]}] (columns of x)", f"range [{lo}, {hi}]")
 
 
+def _check_pools(pools: MLAPools, layout: SeqLayout, d_qk: int, dtype) -> None:
+    """A split-pool latent cache (SPEC 2.4): latent [nb, bs, 1, c] and rope [nb, bs, 1, r], c + r = d_qk."""
+    if layout.kind != "paged":
+        fail("kv_cache", "one tensor [rows, D] for a ragged layout (split pools are paged)", "split pools")
+    lat, rope = pools.latent, pools.rope
+    check_tensor("kv_cache.latent", lat, dtype=dtype, ndim=4)
+    check_tensor("kv_cache.rope", rope, dtype=dtype, ndim=4)
+    nb, bs = lat.shape[:2]
+    if lat.shape[2] != 1:
+        fail("kv_cache.latent", "shape [num_blocks, block_size, 1, c] (one KV head)", f"shape {_shape(lat)}")
+    if tuple(rope.shape[:3]) != (nb, bs, 1):
+        fail("kv_cache.rope", f"shape [{nb}, {bs}, 1, r] (blocks as the latent)", f"shape {_shape(rope)}")
+    if lat.shape[-1] + rope.shape[-1] != d_qk:
+        fail("kv_cache", f"pool widths c + r == d_qk ({d_qk})", f"{lat.shape[-1]} + {rope.shape[-1]}")
+
+
 def check_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse=True) -> None:
     check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
     t, _, d_qk = q.shape
-    check_tensor("kv_cache", kv_cache, ndim=(2, 3))
-    if kv_cache.dtype != q.dtype:
-        fail("kv_cache", f"dtype {q.dtype} (as q)", kv_cache.dtype)
+    pools = isinstance(kv_cache, MLAPools)
+    if not pools:
+        check_tensor("kv_cache", kv_cache, ndim=(2, 3))
+        if kv_cache.dtype != q.dtype:
+            fail("kv_cache", f"dtype {q.dtype} (as q)", kv_cache.dtype)
     check_tensor("indices", indices, dtype=torch.int32, ndim=2)
     if indices.shape[0] != t:
         fail("indices", f"shape [T={t}, topk]", f"shape {_shape(indices)}")
-    check_same_device(q=q, kv_cache=kv_cache, indices=indices)
-    _check_layout(layout, t, kv_cache, "kv_cache")
-    _check_cache("kv_cache", kv_cache, layout, d_qk, q.dtype)
+    if pools:
+        check_same_device(**{"q": q, "kv_cache.latent": kv_cache.latent, "kv_cache.rope": kv_cache.rope})
+        check_same_device(q=q, indices=indices)
+        _check_layout(layout, t, kv_cache.latent, "kv_cache")
+        _check_pools(kv_cache, layout, d_qk, q.dtype)
+    else:
+        check_same_device(q=q, kv_cache=kv_cache, indices=indices)
+        _check_layout(layout, t, kv_cache, "kv_cache")
+        _check_cache("kv_cache", kv_cache, layout, d_qk, q.dtype)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not (sm_scale == sm_scale):
         fail("sm_scale", "a finite float", sm_scale)
     if abs(float(sm_scale)) == float("inf"):

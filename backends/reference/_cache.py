@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from backends.cache_layout import MLAPools
 from backends.layout import SeqLayout
 
 
@@ -15,8 +16,14 @@ def keys_of_request(cache: torch.Tensor, layout: SeqLayout, b: int, n: int) -> t
     return gather_rows(cache, layout, b, torch.arange(n))
 
 
-def gather_rows(cache: torch.Tensor, layout: SeqLayout, b: int, positions: torch.Tensor) -> torch.Tensor:
-    """Rows of request b at valid logical `positions` (any shape, int64) -> [*positions.shape, D]."""
+def gather_rows(
+    cache: torch.Tensor | MLAPools, layout: SeqLayout, b: int, positions: torch.Tensor
+) -> torch.Tensor:
+    """Rows of request b at valid logical `positions` (any shape, int64) -> [*positions.shape, D]; a
+    split-pool cache gives `cat(latent, rope)` of each row."""
+    if isinstance(cache, MLAPools):
+        rows = layout.physical_rows(b, positions.reshape(-1).to(torch.int64), cache)
+        return cache.rows(rows.to(cache.device)).reshape(*positions.shape, cache.shape[-1])
     flat = cache.reshape(-1, cache.shape[-1])
     rows = layout.physical_rows(b, positions.reshape(-1).to(torch.int64), cache)
     return flat.index_select(0, rows.to(flat.device)).reshape(*positions.shape, cache.shape[-1])

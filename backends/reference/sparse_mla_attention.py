@@ -58,4 +58,4 @@ def sparse_mla_attention(
     return out, (lse if return_lse else None)
 
 
-IMPL = OpImpl(sparse_mla_attention, OpCaps(FLOATS, ("ragged", "paged"), differentiable=True))
+IMPL = OpImpl(sparse_mla_attention, OpCaps(FLOATS, ("ragged", "paged", "pools"), differentiable=True))
