@@ -47,14 +47,15 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _move(value: Any, device: torch.device) -> tuple[Any, int]:
-    """`value` with its tensors on `device` (a tuple's, a SeqLayout's), and the bytes they hold."""
+    """`value` with its tensors on `device` (a tuple's, a named tuple's, a SeqLayout's), and their bytes."""
     if isinstance(value, torch.Tensor):
         return value.to(device), _nbytes(value)
     if isinstance(value, SeqLayout):
         return value.to(device), sum(_nbytes(t) for t in value.tensors() if t is not None)
-    if isinstance(value, tuple):
+    if isinstance(value, tuple):  # outputs, and named tuples of tensors (an MLAPools cache) kept as such
         moved = [_move(v, device) for v in value]
-        return tuple(v for v, _ in moved), sum(n for _, n in moved)
+        items = [v for v, _ in moved]
+        return (type(value)(*items) if hasattr(value, "_fields") else tuple(items)), sum(n for _, n in moved)
     return value, 0
 
 

@@ -158,3 +158,12 @@ def test_port_status_shows_borrowed_rows_and_their_cost(dayone, tmp_path):
     md = status.to_markdown(rep)
     assert "## Borrowed ops" in md and "| topk | float32 | borrowed |" in md
     assert "1 borrowed" in status.headline(rep)
+
+
+def test_a_split_pool_cache_travels_as_itself():
+    from backends.borrow import HOST, _move
+    from backends.cache_layout import MLAPools
+
+    pools = MLAPools(torch.zeros(2, 4, 1, 8), torch.zeros(2, 4, 1, 2))
+    moved, n = _move((pools, torch.zeros(3)), HOST)
+    assert type(moved[0]) is MLAPools and n == (64 + 16 + 3) * 4
