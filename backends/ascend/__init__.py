@@ -27,6 +27,7 @@ from collections import Counter
 import torch
 
 from backends.ascend import _provider
+from backends.ascend.sparse_mla_attention import CACHE_LAYOUT as sfa_cache_layout
 from backends.interface import Backend
 from backends.table import load_ops
 
@@ -60,6 +61,8 @@ def _triton_ascend() -> tuple[str | None, str]:
 
 class AscendBackend(Backend):
     name = "ascend"
+    #: npu_sparse_flash_attention reads the latent cache as two PA_BSND pools (no per-call copy)
+    mla_cache = sfa_cache_layout
 
     def __init__(self) -> None:
         super().__init__()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from backends.cache_layout import MLAPools
 from backends.layout import SeqLayout
 
 
@@ -86,6 +87,8 @@ def compact_keys(layout: SeqLayout, cache: torch.Tensor) -> tuple[torch.Tensor, 
         if cu_k == packed:
             return cache[: cu_k[-1]], cumulative(layout.seqlens_k)
     rows, _ = physical_rows(layout, cache)
+    if isinstance(cache, MLAPools):
+        return cache.rows(rows), cumulative(layout.seqlens_k)
     return cache.reshape(-1, cache.shape[-1]).index_select(0, rows), cumulative(layout.seqlens_k)
 
 
@@ -116,10 +119,14 @@ def selected_keys(
     both contiguous, cumulative query lengths [T] = 1..T, cumulative key lengths [T] = K, 2K, ..,
     indices int32 [T, K] = 0..K-1 where idx >= 0 else -1)."""
     t, k = idx.shape
-    flat = cache.reshape(-1, cache.shape[-1])
+    if isinstance(cache, MLAPools):
+        nope, rope = cache.latent.flatten(0, -2), cache.rope.flatten(0, -2)
+    else:
+        flat = cache.reshape(-1, cache.shape[-1])
+        nope, rope = flat[:, :d_nope], flat[:, d_nope:]
     rows = selected_rows(layout, cache, idx, t_req).reshape(-1)
-    key = flat[:, :d_nope].index_select(0, rows)[:, None]  # contiguous: one copy of the selected rows
-    key_rope = flat[:, d_nope:].index_select(0, rows)[:, None]
+    key = nope.index_select(0, rows)[:, None]  # contiguous: one copy of the selected rows
+    key_rope = rope.index_select(0, rows)[:, None]
     steps = torch.arange(1, t + 1, dtype=torch.int32, device=idx.device)
     slots = torch.arange(k, dtype=torch.int32, device=idx.device).expand(t, k)
     local = torch.where(idx >= 0, slots, -1).contiguous()

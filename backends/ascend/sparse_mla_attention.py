@@ -14,8 +14,11 @@ Conversions (each in backends/ascend/_adapters.py):
   [blocks, block_size, 1, 512] and [.., 64] tensors (ops-transformer's sparse_flash_attention README:
   "不支持非连续", no non-contiguous input), and the contract's cache interleaves the two in one
   576-wide row, so its 512 and 64 column views are strided; making them contiguous copies the whole
-  pool. A zero-copy PA_BSND call needs a cache stored as two pools (as vllm-ascend stores it), which
-  the contract's one-tensor `kv_cache` cannot express;
+  pool. So the backend declares split pools (`mla_cache`, backends/cache_layout.py: latent
+  [blocks, 128, 1, 512] and rope [blocks, 128, 1, 64], as vllm-ascend stores them) and
+  * split pools, return_lse=False (what the model asks): the pools go to the operator as PA_BSND
+    key/key_rope with the layout's block table, no cache copy at all; with return_lse=True (the
+    operator gives no lse in PA_BSND) the selected-rows / whole-request routes above, from the pools;
 - indices: logical positions kept, every invalid entry (-1 or >= seqlen_k) set to -1 and moved to the
   end (the operator reads up to the first -1);
 - `attention_mode=2` (MLA absorbed, key is value), `sparse_mode=0` (the indices decide; no extra causal
@@ -32,11 +35,24 @@ import torch
 
 from backends.ascend import _adapters as ad
 from backends.ascend._provider import BATCH_INVARIANT, OpsProvider
+from backends.ascend._soc import BLOCK_MULTIPLE, MAX_BLOCK
+from backends.cache_layout import MLACacheLayout, MLAPools
 from backends.caps import OpCaps, OpImpl
 from backends.ops import FLOATS
 
 OP = "npu_sparse_flash_attention"
 D_NOPE, D_ROPE = 512, 64
+#: the paged latent cache the operator reads with no copy (PA_BSND pools; vllm-ascend's block size)
+CACHE_LAYOUT = MLACacheLayout(split=(D_NOPE, D_ROPE), block_size=128)
+
+
+def _pa_bsnd(kv_cache, return_lse: bool) -> bool:
+    """Split pools the operator reads in place: PA_BSND gives no lse, and takes documented block sizes."""
+    if return_lse or not isinstance(kv_cache, MLAPools):
+        return False
+    bs = kv_cache.shape[1]
+    dense = kv_cache.latent.is_contiguous() and kv_cache.rope.is_contiguous()
+    return dense and bs % BLOCK_MULTIPLE == 0 and 0 < bs <= MAX_BLOCK
 
 
 def operator_reasons(provider: OpsProvider, q: torch.Tensor, d_v: int) -> list[str]:
@@ -75,6 +91,11 @@ def impl(provider: OpsProvider) -> OpImpl:
 
             provider.record("sparse_mla_attention", provider.kernel_label("sparse_mla_attention"))
             rows = kernel_rows(layout, kv_cache, indices)
+            if isinstance(kv_cache, MLAPools):  # the kernel reads one [rows, D] tensor: the named rows
+                keys = kv_cache.rows(rows.clamp(min=0).reshape(-1).to(torch.int64))
+                slots = torch.arange(rows.numel(), dtype=torch.int32, device=rows.device).view_as(rows)
+                out, lse = kernel(q, keys, torch.where(rows >= 0, slots, -1), sm_scale, d_v)
+                return out, (lse if return_lse else None)
             out, lse = kernel(q, kv_cache.reshape(-1, kv_cache.shape[-1]), rows, sm_scale, d_v)
             return out, (lse if return_lse else None)
         return _operator(q, kv_cache, indices, layout, sm_scale, return_lse)
@@ -85,18 +106,40 @@ def impl(provider: OpsProvider) -> OpImpl:
         t_req = ad.token_request(layout, t)
         idx = ad.valid_first(indices, layout.seqlens_k.to(torch.int64)[t_req])  # [T, K] valid first
         empty = (idx < 0).all(dim=1)[:, None]  # no valid index at all (also topk = 0)
-        if kv_cache.reshape(-1, kv_cache.shape[-1]).shape[0] == 0:  # no key anywhere: nothing to read
+        if kv_cache.shape[:-1].numel() == 0:  # no key anywhere: nothing to read
             out = q.new_zeros((t, h, D_NOPE))
             return out, (torch.full((t, h), float("-inf"), device=q.device) if return_lse else None)
+        qp = ad.pad_heads(q, heads)
+        if _pa_bsnd(kv_cache, return_lse):
+            out, _, _ = provider.call(
+                OP,
+                qp[..., :D_NOPE].contiguous(),
+                kv_cache.latent,  # PA_BSND [blocks, bs, 1, 512], also value: the pool itself
+                kv_cache.latent,
+                idx[:, None, :],
+                float(sm_scale),
+                block_table=layout.block_table,
+                actual_seq_lengths_query=ad.query_lengths_tnd(layout),
+                actual_seq_lengths_kv=ad.key_lengths_pa(layout),
+                query_rope=qp[..., D_NOPE:].contiguous(),
+                key_rope=kv_cache.rope,
+                sparse_block_size=1,
+                layout_query="TND",
+                layout_kv="PA_BSND",
+                sparse_mode=0,
+                attention_mode=2,
+                return_softmax_lse=False,
+            )
+            provider.record("sparse_mla_attention", f"{provider.label(OP)} (PA_BSND split pools, no copy)")
+            return out[:, :h].masked_fill(empty[..., None], 0), None
         if _compaction_cheaper(layout, t, idx.shape[1]):
             route = "whole requests packed"
-            keys, cum_k = ad.compact_keys(layout, kv_cache)  # [sum s_b, 576]
+            keys, cum_k = ad.compact_keys(layout, kv_cache)  # [sum s_b, 576] (split pools: joined)
             key, key_rope = keys[:, None, :D_NOPE].contiguous(), keys[:, None, D_NOPE:].contiguous()
             cum_q = ad.query_lengths_tnd(layout)
         else:
             route = "selected rows"
             key, key_rope, cum_q, cum_k, idx = ad.selected_keys(layout, kv_cache, idx, t_req, D_NOPE)
-        qp = ad.pad_heads(q, heads)
         out, smax, ssum = provider.call(
             OP,
             qp[..., :D_NOPE].contiguous(),
@@ -125,13 +168,14 @@ def impl(provider: OpsProvider) -> OpImpl:
         sparse_mla_attention,
         OpCaps(
             FLOATS,
-            ("ragged", "paged"),
+            ("ragged", "paged", "pools"),
             batch_invariant=BATCH_INVARIANT,
             notes={
                 "operator": "bf16/fp16, d_qk=576, d_v=512, heads padded "
                 "to the SoC's set; otherwise the kernel",
-                "copies": "the operator's TND key: T * topk selected rows (decode) or the batch's "
-                "keys (prefill), whichever is fewer; never the whole pool",
+                "copies": "split pools without lse: none (PA_BSND); otherwise the operator's TND key: "
+                "T * topk selected rows (decode) or the batch's keys (prefill), whichever is fewer; "
+                "never the whole pool",
             },
         ),
     )
