@@ -126,6 +126,10 @@ class MLACacheLayout:
         return MLAPools.of(buffer, self.split[0])
 
 
+#: the contract's one-tensor cache (every backend's default)
+ONE_TENSOR = MLACacheLayout()
+
+
 def write_rows(cache: MLACache, rows: torch.Tensor, values: torch.Tensor) -> None:
     """Write values [T, D] at physical rows (int64 [T]) of a one-tensor cache or of both pools."""
     if isinstance(cache, MLAPools):

@@ -27,7 +27,7 @@ import torch
 
 from backends import custom_op, library
 from backends.borrow import BorrowLedger, borrowed_impl, check_names
-from backends.cache_layout import MLACacheLayout, MLAPools, arg_tensors, cache_kind
+from backends.cache_layout import ONE_TENSOR, MLACacheLayout, MLAPools, arg_tensors, cache_kind
 from backends.caps import OpCaps, OpImpl
 from backends.errors import NotSupported
 from backends.interface_fp8 import FP8Ops
@@ -79,7 +79,7 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
     borrow: ClassVar[frozenset[str]] = frozenset()
     #: how this backend stores the paged MLA latent cache (backends/cache_layout.py): the contract's one
     #: tensor, or split pools its sparse_mla_attention reads with no copy (then its caps list "pools")
-    mla_cache: ClassVar[MLACacheLayout] = MLACacheLayout()
+    mla_cache: ClassVar[MLACacheLayout] = ONE_TENSOR
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()

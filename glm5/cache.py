@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from backends import SeqLayout
+from backends.cache_layout import ONE_TENSOR, MLACache, MLACacheLayout, write_rows
 
 
 @dataclass
@@ -27,7 +28,8 @@ class KVCache:
 
     Ragged (block_size None): request b owns rows b*max_len .. (b+1)*max_len-1 of a [B*max_len, D] cache.
     Paged: [num_blocks, block_size, D] with a block table; `block_order` places the blocks (default
-    consecutive), so tests can scatter them.
+    consecutive), so tests can scatter them. The latent caches are stored as `mla_cache` says (the
+    backend's `Backend.mla_cache`): one tensor, or two pools (`MLAPools`) over the same buffer.
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class KVCache:
         block_order: list[int] | None = None,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        mla_cache: MLACacheLayout = ONE_TENSOR,
     ) -> None:
         if batch_size < 1 or max_len < 1:
             raise ValueError(f"batch_size/max_len: expected >= 1, got {(batch_size, max_len)}")
@@ -64,7 +67,10 @@ class KVCache:
             self._layout_k = {"block_table": ref.block_table}
             used = ref.block_table[ref.block_table >= 0]
             shape = (int(used.max()) + 1 if used.numel() else 1, block_size)
-        self.kv = [torch.zeros(*shape, d_latent, dtype=dtype, device=device) for _ in has_indexer]
+        self.kv: list[MLACache] = [
+            mla_cache.view(torch.zeros(*shape, d_latent, dtype=dtype, device=device), block_size)
+            for _ in has_indexer
+        ]
         self.index_k = [
             torch.zeros(*shape, d_index, dtype=dtype, device=device) if h else None for h in has_indexer
         ]
@@ -106,10 +112,10 @@ class KVCache:
             rows = bt[owner, positions // self.block_size] * self.block_size + positions % self.block_size
         return StepSlots(layout, positions, rows)
 
-    def write(self, which: str, layer: int, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    def write(self, which: str, layer: int, rows: torch.Tensor, values: torch.Tensor) -> MLACache:
         """Write values [T, D] at `rows` of cache `which` ('kv' or 'index_k') of `layer`; returns it."""
         cache = getattr(self, which)[layer]
-        cache.view(-1, cache.shape[-1]).index_copy_(0, rows, values.to(cache.dtype))
+        write_rows(cache, rows, values)
         return cache
 
     def commit(self, q_lens: list[int]) -> None:

@@ -217,6 +217,7 @@ class GLM5ForCausalLM(nn.Module):
             block_order=block_order,
             dtype=self.dtype,
             device=self.backend.device,
+            mla_cache=self.backend.mla_cache,
         )
 
     # -- forward ------------------------------------------------------------------------------------
