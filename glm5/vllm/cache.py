@@ -28,6 +28,7 @@ from vllm.v1.kv_cache_interface import KVCacheSpec, MLAAttentionSpec, SparseCach
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from backends import SeqLayout
+from backends.cache_layout import ONE_TENSOR, MLACache, MLACacheLayout, write_rows
 
 
 @dataclass
@@ -115,7 +116,11 @@ class Glm5CacheBackend(AttentionBackend):
 
 
 class Glm5CacheLayer(nn.Module, AttentionLayerBase):
-    """One paged cache of `width` values per token for one layer, registered under `prefix`."""
+    """One paged cache of `width` values per token for one layer, registered under `prefix`. A latent
+    cache is bound as `mla_cache` says (set by PagedCaches from the backend): vLLM's one buffer per layer,
+    as one tensor or reinterpreted as the backend's split pools (same bytes per block: same page size)."""
+
+    mla_cache: MLACacheLayout = ONE_TENSOR
 
     def __init__(
         self, prefix: str, width: int, dtype: torch.dtype, cache_config: CacheConfig, indexer: bool
@@ -137,7 +142,9 @@ class Glm5CacheLayer(nn.Module, AttentionLayerBase):
                 f"{self.prefix}: expected a contiguous [num_blocks, block_size, {self.width}] cache view, "
                 f"got strides {cache.stride()} (KV cache layout must be layer-compact)"
             )
-        self.kv_cache = cache
+        self.kv_cache: MLACache = cache
+        if self.role is SparseCacheRole.SPARSE and cache.dim() == 3:
+            self.kv_cache = self.mla_cache.view(cache, cache.shape[1])
 
     def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec:
         return MLAAttentionSpec(  # one vector per token (no separate V)
@@ -158,13 +165,21 @@ class Glm5CacheLayer(nn.Module, AttentionLayerBase):
 
 class PagedCaches:
     """What `glm5.attention.MLAAttention` asks of a cache (`write`), over the tensors vLLM bound to the
-    cache layers: latent[i] for attention layer i, index_k[i] (None for a shared layer)."""
+    cache layers: latent[i] for attention layer i, index_k[i] (None for a shared layer); the latent
+    layers are bound as the backend's `mla_cache` declares (one tensor or split pools)."""
 
-    def __init__(self, latent: list[Glm5CacheLayer], index_k: list[Glm5CacheLayer | None]) -> None:
+    def __init__(
+        self,
+        latent: list[Glm5CacheLayer],
+        index_k: list[Glm5CacheLayer | None],
+        mla_cache: MLACacheLayout = ONE_TENSOR,
+    ) -> None:
         self.layers = {"kv": latent, "index_k": index_k}
+        for layer in latent:
+            layer.mla_cache = mla_cache
 
-    def write(self, which: str, layer: int, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    def write(self, which: str, layer: int, rows: torch.Tensor, values: torch.Tensor) -> MLACache:
         """Write values [T, D] at cache rows `rows` (vLLM's slot mapping) of cache `which` of `layer`."""
         cache = self.layers[which][layer].kv_cache
-        cache.view(-1, cache.shape[-1]).index_copy_(0, rows, values.to(cache.dtype))
+        write_rows(cache, rows, values)
         return cache

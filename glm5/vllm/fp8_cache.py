@@ -145,7 +145,7 @@ class FP8PagedCaches(PagedCaches):
     """PagedCaches whose uint8 caches are written through the FP8 quantizers (the float ones as before)."""
 
     def __init__(self, latent, index_k, backend: Any, index_head_dim: int) -> None:
-        super().__init__(latent, index_k)
+        super().__init__(latent, index_k, backend.mla_cache)
         self.backend, self.index_head_dim = backend, index_head_dim
 
     def write(self, which: str, layer: int, rows: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
