@@ -25,6 +25,14 @@ def _source(value: str, sharded: bool) -> Path:
         want = ("a sharded (glm5 train --nproc N)" if sharded
                 else "a Hugging Face (config.json + *.safetensors)")
         raise click.BadParameter(f"{value} is not {want} checkpoint", param_hint="'SRC'")
+    if not sharded:
+        from quant.load import is_quantized
+
+        with one_line_errors("'SRC'"):
+            quantized = is_quantized(path)
+        if quantized:  # training state is float: a quantized export is not one to train from
+            raise click.BadParameter(f"{value} is a quantized checkpoint; expected a float (unquantized) one",
+                                     param_hint="'SRC'")
     return path
 
 

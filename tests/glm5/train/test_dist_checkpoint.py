@@ -127,4 +127,11 @@ def test_export_hf_and_import_hf_round_trip_and_refuse_to_overwrite(straight, tm
     assert res.exit_code == 2 and "not a sharded" in res.output
     res = runner.invoke(main, ["checkpoint", "import-hf", str(ckpt), str(tmp_path / "y")])
     assert res.exit_code == 2 and "not a Hugging Face" in res.output
-    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    quantized = tmp_path / "quantized"  # a config that says compressed-tensors is enough to refuse it
+    shutil.copytree(hf, quantized)
+    config = json.loads((quantized / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "compressed-tensors"}
+    (quantized / "config.json").write_text(json.dumps(config))
+    res = runner.invoke(main, ["checkpoint", "import-hf", str(quantized), str(tmp_path / "z")])
+    assert res.exit_code == 2 and "is a quantized checkpoint" in res.output, res.output
+    assert not any((tmp_path / n).exists() for n in "xyz")
