@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from backends.cache_layout import MLAPools
 from backends.layout import SeqLayout
 
 SUITES = ("smoke", "realistic", "adversarial", "errors", "limits")
@@ -100,6 +101,8 @@ def to_device(value: Any, device: str | torch.device) -> Any:
     backend sees on its device the layout the case built on the CPU."""
     if isinstance(value, SeqLayout):
         return value.to(device)
+    if isinstance(value, MLAPools):
+        return MLAPools(*(to_device(t, device) for t in value))
     if isinstance(value, torch.Tensor):
         # meta tensors stand for "some other device" in errors/ cases: they stay where they are
         if value.device.type == "meta" or torch.device(device) == value.device:
@@ -122,6 +125,8 @@ def clone_args(args: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(v, torch.Tensor):
             out = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
             return out.copy_(v)
+        if isinstance(v, MLAPools):
+            return MLAPools(*(one(t) for t in v))
         if isinstance(v, SeqLayout):
             return SeqLayout(
                 *(
@@ -150,6 +155,9 @@ def summarize(args: Mapping[str, Any]) -> str:
                 else f"block_table[{tuple(v.block_table.shape)}]"
             )
             parts.append(f"layout={v.kind}(cu_seqlens_q={h['cu_q']}, seqlens_k={h['seqlens_k']}, {extra})")
+        elif isinstance(v, MLAPools):
+            shapes = f"latent {tuple(v.latent.shape)}, rope {tuple(v.rope.shape)}"
+            parts.append(f"{k}=MLAPools[{shapes}, {v.dtype}]")
         else:
             parts.append(f"{k}={v!r}")
     return ", ".join(parts)
@@ -172,4 +180,6 @@ def snapshot(args: Mapping[str, Any]) -> tuple:
             out += [t for t in (v.cu_seqlens_q, v.seqlens_k, v.cu_seqlens_k, v.block_table) if t is not None]
         elif isinstance(v, torch.Tensor) and v.device.type != "meta":
             out.append(v)
+        elif isinstance(v, MLAPools):
+            out += list(v)
     return tuple(t.detach().to("cpu", copy=True) for t in out)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 import backends
+from backends.cache_layout import cache_kind
 from backends.counters import REFERENCE_CALLS
 from backends.errors import NotSupported
 from backends.interface import Backend
@@ -147,9 +148,9 @@ class Runner:
             return False, "op not implemented"
         if dtype not in caps.dtypes:
             return False, f"dtype {dtype} not claimed"
-        layout = args.get("layout")
-        if isinstance(layout, backends.SeqLayout) and layout.kind not in caps.layouts:
-            return False, f"{layout.kind} layout not claimed"
+        kind = cache_kind(dict(args))
+        if kind is not None and kind not in caps.layouts:
+            return False, f"{kind} layout not claimed"
         limits = caps.limit_reasons(op, dict(args), dtype)
         if not limits and caps.check is not None:
             limits = caps.check(dict(args))

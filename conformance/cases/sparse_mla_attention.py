@@ -13,6 +13,7 @@ from functools import partial
 
 import torch
 
+from backends.cache_layout import MLACacheLayout, write_rows
 from backends.layout import SeqLayout
 from conformance.case import Case, Output
 from conformance.cases._common import (
@@ -109,6 +110,20 @@ def _noncontig(g, dt):
     a["q"] = transposed(a["q"])
     a["indices"] = strided(a["indices"])
     return a
+
+
+def _split_pools(build):
+    """The same inputs with the paged cache as split pools (backends/cache_layout.py): latent
+    [nb, bs, 1, 512] and rope [nb, bs, 1, 64] over one buffer, as a backend declaring them gets them."""
+
+    def make(g, dt):
+        a = build(g, dt)
+        kv = a["kv_cache"]
+        pools = MLACacheLayout(split=(512, kv.shape[-1] - 512)).view(torch.empty_like(kv), kv.shape[1])
+        write_rows(pools, torch.arange(kv.shape[:2].numel()), kv.reshape(-1, kv.shape[-1]))
+        return a | {"kv_cache": pools}
+
+    return make
 
 
 def _no_lse(build):
@@ -214,6 +229,23 @@ CASES = [
             tags={"layout": f"paged_bs{bs}"},
         )
         for bs in (1, 13, 61)
+    ],
+    *[
+        _case(
+            f"smoke/split_pools_bs16_s300_topk64{'_no_lse' if not lse else ''}",
+            _split_pools(
+                lambda g, dt, lse=lse: (
+                    nan_unindexed(
+                        attn_inputs(g, dt, [2, 1], [300, 129], 64, h=4, d_qk=576, d_v=512, block_size=16)
+                    )
+                    | {"return_lse": lse}
+                )
+            ),
+            paged=True,
+            grad_args=(),  # split pools are an inference cache
+            tags={"layout": "split_pools_bs16", "shape": f"T3 H4 d_qk576 d_v512 topk64 return_lse={lse}"},
+        )
+        for lse in (False, True)
     ],
     _case("adversarial/noncontig_views", _noncontig, tags={"layout": "transposed q, strided indices"}),
     _case(
