@@ -110,6 +110,18 @@ def _parallel(nproc: int, mesh: str | None, stage: str, batch_size: int):
     return parsed
 
 
+def _check_resumable_sharded(out: Path, resume: bool) -> None:
+    """A run on several processes resumes only a sharded checkpoint (a 1-process run's optimizer state is
+    not laid out for shards): refused here, before any process starts."""
+    from glm5.train.dist_state import is_sharded
+    from glm5.train.state import latest_checkpoint
+
+    ckpt = latest_checkpoint(out / "checkpoints") if resume else None
+    if ckpt is not None and not is_sharded(ckpt):
+        raise click.BadParameter(f"{ckpt} was written by a 1-process run; resume it without --nproc (or "
+                                 "--nproc 1)", param_hint="'--resume'")
+
+
 def _check_resume_options(cfg, out: Path) -> None:
     """--resume continues under the run's saved options: an option given on this command line that differs
     from the saved one is refused by name (only --steps may change), never silently ignored."""
@@ -278,6 +290,7 @@ def train(
         if resume:
             _check_resume_options(cfg, out)
         if parallel is not None and not ranked:
+            _check_resumable_sharded(out, resume)
             sys.stdout.flush()
             code = distributed.launch(sys.argv[1:], nproc)
             if code:

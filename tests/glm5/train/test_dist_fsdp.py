@@ -186,3 +186,15 @@ def test_a_tp2_run_follows_the_dp2_run_and_its_checkpoint_resumes_at_one_rank(fs
     trainer.run(progress=False)
     steps = [json.loads(ln)["step"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5]
+
+
+def test_resuming_a_one_process_run_on_two_is_refused_before_any_process_starts(tmp_path):
+    out = tmp_path / "run"
+    runner = CliRunner()
+    small = ["--batch-size", "2", "--seq-len", "16", "--eval-every", "1", "--quiet", "--no-rollout-check"]
+    res = runner.invoke(main, ["train", "--out", str(out), "--steps", "1", *small])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(main, ["train", "--out", str(out), "--steps", "2", "--resume", "--nproc", "2"])
+    assert res.exit_code == 2, res.output
+    error = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
+    assert len(error) == 1 and "'--resume'" in error[0] and "written by a 1-process run" in error[0]
