@@ -25,6 +25,7 @@ PUBLIC_BACKENDS = {
     "backends",
     "backends.argcheck",
     "backends.autograd",
+    "backends.cache_layout",
     "backends.caps",
     "backends.custom_op",
     "backends.errors",
