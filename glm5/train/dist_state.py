@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 from glm5 import fsio
-from glm5.checkpoint import read_config, read_json
+from glm5.checkpoint import open_tensors, read_config, read_json
 from glm5.config import GLM5Config
 from glm5.train.state import LATEST, STAGING, TRAINER, checkpoints, rng_state, set_rng_state
 
@@ -160,6 +160,10 @@ def load_trainer(
     """Optimizer states (resharded to this run's layout) and this rank's RNG state."""
     path = Path(path)
     meta = read_json(path / TRAINER, "optimizer.json")
+    if not (isinstance(meta, dict) and isinstance(meta.get("state"), dict)
+            and isinstance(meta.get("param_groups"), list)):
+        raise ValueError(f"path: {path / TRAINER / 'optimizer.json'} is not an optimizer state (expected an "
+                         "object with 'state' and 'param_groups')")
     params = dict(model.named_parameters())
     md = HuggingFaceStorageReader(str(path / TRAINER / OPTIM)).read_metadata().state_dict_metadata
     plan = _plan(model)
@@ -187,9 +191,8 @@ def load_trainer(
     rng = path / TRAINER / f"rng-rank{_rank()}.safetensors"
     if not rng.exists():  # loaded on more ranks than saved: the extra ranks continue rank 0's stream
         rng = path / TRAINER / "rng-rank0.safetensors"
-    from safetensors.torch import load_file
-
-    set_rng_state(load_file(fsio.inside(rng.parent, rng.name, "rng state")))
+    with open_tensors(fsio.inside(rng.parent, rng.name, "rng state")) as h:
+        set_rng_state({k: h.get_tensor(k) for k in h.keys()})
 
 
 def _local_slice(t: torch.Tensor, fqn: str, plan: dict) -> torch.Tensor:

@@ -1,16 +1,17 @@
-"""`glm5 train --nproc N --mesh dp=N`: data parallel training on torch.distributed with FSDP2.
+"""`glm5 train --nproc N --mesh dp=N|tp=N|ep=N`: training on N processes with torch.distributed.
 
-- `launch` re-runs the command under torchrun (`torch.distributed.run`), one process per rank; a command
-  already under torchrun (RANK / WORLD_SIZE set) runs as its rank.
-- `Dist.setup` starts the process group (gloo on CPU, nccl on CUDA, hccl on Ascend), builds the
-  DeviceMesh and shards the model with FSDP2 `fully_shard`: every decoder layer its own unit, the MTP
-  layer, embedding, final norm and output head in the root unit (the MTP loss reads `shared_head.norm`
-  and `lm_head.weight` outside any module forward, so they must stay gathered with the root).
-  ZeRO-3 frees each layer's gathered parameters after its forward (reshard_after_forward=True), ZeRO-2
-  keeps them to the backward; gradients and optimizer state are sharded either way.
+- `launch` re-runs the command line (sys.argv) under torchrun's launcher (`elastic_launch`), one
+  process per rank; a command already under torchrun (RANK / WORLD_SIZE set) runs as its rank.
+- `Dist.setup` starts the process group (gloo on CPU, nccl on CUDA, hccl on Ascend) and the DeviceMesh.
+  `Dist.shard` with dp: FSDP2 `fully_shard`, every decoder layer its own unit, the MTP layer,
+  embedding, final norm and output head in the root unit (the MTP loss reads `shared_head.norm` and
+  `lm_head.weight` after the model's forward returned, so the root keeps them gathered until its
+  backward). ZeRO-3 frees each layer's gathered parameters after its forward
+  (reshard_after_forward=True), ZeRO-2 keeps them to the backward; gradients and optimizer state are
+  sharded either way. With tp or ep: the one parallel plan, glm5/parallel/plan.py.
 - Optimizers: `DistributedMuon` (glm5/train/muon_dist.py: per-head and per-expert shards updated in
-  place, every other matrix by one owner) and AdamW on the shards (DTensor).
-- `DistBalancer`: the aux-loss-free expert bias moves on the expert load summed over every rank.
+  place, every other matrix by one owner) and AdamW on the shards.
+- `DistBalancer`: the aux-loss-free expert bias moves on the expert load summed over the dp ranks.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def rank() -> int:
 
 @dataclass
 class Dist:
-    """One rank of a data-parallel run: the mesh, the FSDP stage and this rank's place in it."""
+    """One rank of a run on several processes: the mesh, the FSDP stage and this rank's place in it."""
 
     mesh: Mesh
     zero: int
@@ -85,7 +86,8 @@ class Dist:
 
     @classmethod
     def setup(cls, mesh: Mesh, zero: int, device: torch.device | str) -> Dist:
-        """Join the process group (started by torchrun's environment) and build the dp DeviceMesh."""
+        """Join the process group (from torchrun's environment) and build a 1-D DeviceMesh over every
+        rank, named after the mesh's one axis above 1."""
         device = torch.device(device)
         if zero not in ZERO_STAGES:
             raise ValueError(f"zero: expected one of {ZERO_STAGES}, got {zero!r}")
@@ -141,8 +143,10 @@ class Dist:
             from glm5.parallel.plan import apply
 
             group = TorchGroup(self.device_mesh.get_group(0))
-            apply(model, tp=group if self.mesh.axis == "tp" else Single(), ep=group if self.mesh.axis == "ep"
-                  else None)
+            if self.mesh.axis == "tp":
+                apply(model, tp=group)
+            else:
+                apply(model, tp=Single(), ep=group)
             return
 
         reshard = self.zero == 3
