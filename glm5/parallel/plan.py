@@ -132,13 +132,13 @@ def _split_linear(lin: nn.Module, kind: str, dim: int, group: Group, unit: int =
             _split(lin, "bias", kind, 0, group, unit)
         lin.out_features, lin.in_features = lin.weight.shape
     elif hasattr(lin, "parallel_split"):
-        lin.parallel_split(
-            dim,
-            group.size,
-            lambda name, tdim, halves=1: _split(
-                lin, name, kind, tdim, group, unit if tdim == 0 else 1, halves
-            ),
-        )
+
+        def split(name: str, tdim: int, halves: int = 1, unit_: int | None = None) -> None:
+            # a head's rows are the unit of dim 0; a tensor in other units (block scales) names its own
+            units = (unit if tdim == 0 else 1) if unit_ is None else unit_
+            _split(lin, name, kind, tdim, group, units, halves)
+
+        lin.parallel_split(dim, group.size, split)
     else:
         raise PlanError(f"{type(lin).__name__}: declares no `parallel_split`, so the plan cannot split it")
 

@@ -32,6 +32,7 @@ from glm5.layers import rope_angles
 from glm5.model import GLM5ForCausalLM
 from glm5.parallel import agreement
 from glm5.parallel.plan import apply
+from glm5.parallel.plan import check as check_plan
 from glm5.vllm import weights as weights_module
 from glm5.vllm.cache import Glm5CacheLayer, Glm5StepMetadata
 from glm5.vllm.fp8_cache import CacheFormats, FP8CacheOps, FP8PagedCaches
@@ -76,21 +77,18 @@ class Glm5BackendsForCausalLM(nn.Module):
                 f"GLM5_BACKEND={name!r} runs on {self.backend.device}, vLLM runs on "
                 f"{current_platform.device_type}"
             )
-        #: quantized checkpoints load through the project's readers, whole (load_weights); float ones
-        #: through vLLM's weight iterator, each rank reading its slice of the plan (glm5/vllm/weights.py)
+        #: float checkpoints load through vLLM's weight iterator, each rank reading its slice of the plan
+        #: (glm5/vllm/weights.py); quantized ones through the project's readers, whole, then split by the
+        #: same plan (the quantized layers declare their own split), which frees the other ranks' parts
         self.quantized = formats.claiming(self.path) is not None or formats.looks_quantized(self.path)
         tp, ep = groups(vllm_config.parallel_config)
-        if self.quantized and tp is not None:
-            raise ValueError(
-                f"tensor_parallel_size: Glm5BackendsForCausalLM serves quantized checkpoints unsharded (1), "
-                f"got tensor_parallel_size {vllm_config.parallel_config.tensor_parallel_size}, "
-                f"enable_expert_parallel {vllm_config.parallel_config.enable_expert_parallel} ({self.path})"
-            )
+        if self.quantized and tp is not None:  # refused here, before any load, if the plan cannot split it
+            check_plan(self.config, tp.size, 1 if ep is None else ep.size)
         if not self.quantized:  # the MTP layers the checkpoint holds, as from_pretrained decides
             self.config = without_absent_mtp(self.config, TensorFiles(self.path).where, self.path)
         with torch.device("meta"):  # shapes only
             self.glm = GLM5ForCausalLM(self.config, backend=self.backend, dtype=self.dtype)
-        self.tp = tp
+        self.tp, self.ep = tp, ep
         if not self.quantized:
             self.names = weights_module.CheckpointNames(self.glm)  # before the split: full shapes
             if tp is not None:
@@ -183,6 +181,8 @@ class Glm5BackendsForCausalLM(nn.Module):
         del weights  # never read: the project's reader opens the same safetensors files
         self.glm = GLM5ForCausalLM.from_pretrained(self.path, backend=self.backend, dtype=self.dtype)
         self.glm.requires_grad_(False).eval()  # inference-only backends refuse grad-requiring weights
+        if self.tp is not None:
+            apply(self.glm, tp=self.tp, ep=self.ep)
         return {name for name, _ in self.named_parameters()}
 
     def process_weights_after_loading(self) -> None:

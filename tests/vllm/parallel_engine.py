@@ -26,7 +26,7 @@ def _bytes(m) -> dict:
     from vllm.distributed.parallel_state import get_tp_group
 
     plan = getattr(m.glm, "glm5_plan", {})
-    params = dict(m.glm.named_parameters())
+    params = {**dict(m.glm.named_parameters()), **dict(m.glm.named_buffers())}  # quantized weights: buffers
     split = [params[n] for n in plan]
     full = sum(_numel(info.full_shape) * params[n].element_size() for n, info in plan.items())
     return {
@@ -80,7 +80,7 @@ def main(spec: dict) -> dict:
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 16),  # chunked prefill
         max_num_seqs=8,
         kv_cache_memory_bytes=1 << 24,
-        dtype="float32",
+        dtype=spec.get("dtype", "float32"),
         seed=0,
         tensor_parallel_size=spec.get("tensor_parallel_size", 1),
         enable_expert_parallel=spec.get("enable_expert_parallel", False),
