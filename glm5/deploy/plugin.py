@@ -4,7 +4,8 @@ the plugin serves, their per-device memory, and the command, or why the plugin c
 What the plugin shards (glm5/vllm/model.py, glm5/vllm/parallel.py, glm5/parallel/plan.py):
 - tensor parallel inside one node: whole heads of the MLA up-projections, row-parallel o_proj / down
   projections, vocab-parallel embedding and head; router, indexer and the latent / indexer caches whole on
-  every rank. Float checkpoints only: a quantized one (W8A8, W4A8, GLM-5-FP8) loads whole, at TP 1;
+  every rank. A quantized checkpoint (W8A8, W4A8, GLM-5-FP8) is split the same way, but each rank reads
+  it whole first and keeps its slices: its whole size must fit one device at load;
 - expert parallel only over the tensor-parallel group (whole experts per TP rank), so no data parallelism
   beside it; no data-parallel attention: data parallelism is whole independent replicas;
 - its caches: the model dtype, or `fp8_ds_mla` (656-byte latent rows, plus the 132-byte FP8 indexer cache
@@ -151,6 +152,12 @@ def _evaluate(req: Request, tp: int, dp: int, ep: bool, kv: str, idx: str) -> Pl
         "workspace": work,
     }
     lay.per_device.update(total=sum(lay.per_device.values()), usable=usable)
+    whole = sum(w.rank_bytes(1, 1, False) for w in weights if not w.mtp) + draft
+    if req.recipe != FLOAT_RECIPE and tp > 1 and whole + work > usable:
+        lay.violations.append(
+            f"{lay.name()}: the plugin reads a {req.recipe} checkpoint whole on every rank before splitting "
+            f"it: {whole / GIB:.1f} GiB at load exceed the usable {usable / GIB:.1f} GiB per device"
+        )
     if free < 0:
         lay.violations.append(
             f"{lay.name()}: weights {(main + draft) / GIB:.1f} GiB + workspace {work / GIB:.1f} GiB per "
@@ -167,7 +174,7 @@ def _evaluate(req: Request, tp: int, dp: int, ep: bool, kv: str, idx: str) -> Pl
 
 def _layouts(req: Request, kv: str, idx: str) -> list[PluginLayout]:
     per_node, total = req.machine.devices_per_node, req.nodes * req.machine.devices_per_node
-    tps = [1] if req.recipe != FLOAT_RECIPE else [t for t in range(1, per_node + 1) if per_node % t == 0]
+    tps = [t for t in range(1, per_node + 1) if per_node % t == 0]
     out = []
     for tp in tps:
         if (req.tp and tp != req.tp) or (req.dp and total // tp != req.dp):
@@ -189,12 +196,7 @@ def plugin_plan(req: Request, model_path: str, served_name: str = "glm-5") -> Pl
     cands = _layouts(req, kv, idx)
     if not cands:
         pinned = f"TP{req.tp or '?'} x DP{req.dp or '?'}"
-        why = (
-            f"tp/dp: the plugin serves a {req.recipe} checkpoint at TP1 only (it loads quantized checkpoints "
-            f"whole), got {pinned}"
-            if req.recipe != FLOAT_RECIPE
-            else f"tp/dp: {pinned} is not a layout the plugin serves (TP inside one node)"
-        )
+        why = f"tp/dp: {pinned} is not a layout the plugin serves (TP inside one node)"
         return PluginPlan(name, None, [], why, None)
     fitting = [c for c in cands if c.fits]
     best = (

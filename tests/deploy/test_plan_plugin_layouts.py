@@ -1,7 +1,7 @@
-"""`glm5 plan --engine plugin`: the layouts the vLLM plugin serves (tensor parallel for float checkpoints,
-expert parallel over the TP group, quantized checkpoints whole), per-device memory of the sharded weights,
-the MTP draft and the caches, its command; a request it cannot serve exits 2 with the reason, one that
-does not fit exits 1."""
+"""`glm5 plan --engine plugin`: the layouts the vLLM plugin serves (tensor parallel, expert parallel over the
+TP group, quantized checkpoints split after a whole read), per-device memory of the sharded weights, the MTP
+draft and the caches, its command; a request it cannot serve exits 2 with the reason, one that does not fit
+exits 1."""
 
 from __future__ import annotations
 
@@ -63,10 +63,17 @@ def test_fp8_cache_is_the_plugins_fp8_ds_mla():
     assert p["layout"]["kv_cache"] == "fp8"
 
 
-def test_quantized_checkpoint_at_tp_above_one_exits_2_with_the_reason():
-    r = _plan("--recipe", "glm5-w8a8", "--tp", "2")
-    assert r.exit_code == 2, r.output
-    assert "'--engine'" in r.output and "TP1 only" in r.output and "Traceback" not in r.output
+def test_quantized_checkpoint_is_split_too_but_read_whole_at_load():
+    p = _json("--recipe", "glm5-w8a8", "--tp", "2")
+    assert p["layout"]["fits"] and p["layout"]["tp"] == 2
+    assert (
+        shlex.split(p["serve_command"])[shlex.split(p["serve_command"]).index("--tensor-parallel-size") + 1]
+        == "2"
+    )
+    # full size: each rank reads the whole quantized checkpoint before keeping its slices
+    r = _plan("--recipe", "glm5-w8a8", config="glm5-744b", machine="atlas-800t-a3")
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "reads a glm5-w8a8 checkpoint whole on every rank before splitting it" in r.output
 
 
 def test_fp8_cache_on_ascend_exits_2():
@@ -78,5 +85,5 @@ def test_fp8_cache_on_ascend_exits_2():
 def test_full_size_glm5_on_h200x8_is_not_served_and_says_why():
     r = _plan("--recipe", "fp8", config="glm5-744b")
     assert r.exit_code == 1
-    assert "not served" in r.output and "loads a fp8 checkpoint whole" in r.output
+    assert "not served" in r.output and "reads a fp8 checkpoint whole on every rank" in r.output
     assert "GLM5_BACKEND=cuda vllm serve" not in r.output
