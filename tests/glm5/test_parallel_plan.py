@@ -41,19 +41,40 @@ def _forward_and_grads(model: GLM5ForCausalLM):
     return out.logits.detach(), out.loss.detach(), [t.clone() for t in out.topk], grads
 
 
-def _tp_rank(rank: int, world: int, backend: str, ep: bool):
+def _layouts_rank(rank: int, world: int, backend: str) -> dict:
+    """One process launch for every layout: tp, tp + ep (gradients), ep alone (logits)."""
+    out = {}
+    for ep in (False, True):
+        model = _model(backend)
+        group = TorchGroup()
+        shards = plan.apply(model, tp=group, ep=group if ep else None)
+        logits, loss, topk, grads = _forward_and_grads(model)
+        out["tp+ep" if ep else "tp"] = (
+            logits,
+            loss,
+            topk,
+            grads,
+            {n: (s.dim, s.start, s.length) for n, s in shards.items()},
+        )
     model = _model(backend)
-    group = TorchGroup()
-    shards = plan.apply(model, tp=group, ep=group if ep else None)
-    logits, loss, topk, grads = _forward_and_grads(model)
-    return logits, loss, topk, grads, {n: (s.dim, s.start, s.length) for n, s in shards.items()}
+    plan.apply(model, tp=Single(), ep=TorchGroup())
+    with torch.no_grad():
+        out["ep"] = model(_ids()).logits
+    return out
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_tensor_and_expert_parallel_match_the_unsplit_model(backend):
     ref_logits, ref_loss, ref_topk, ref_grads = _forward_and_grads(_model(backend))
-    for ep in (False, True):
-        ranks = run_ranks(_tp_rank, 2, backend, ep)
+    results = run_ranks(_layouts_rank, 2, backend)
+    # expert parallel alone (attention unsplit): each (token, slot) output has one owner, so the sum over
+    # ranks is exact and the logits are the unsplit model's bits
+    with torch.no_grad():
+        unsplit = _model(backend)(_ids()).logits
+    for r in results:
+        assert torch.equal(r["ep"], unsplit)
+    for layout in ("tp", "tp+ep"):
+        ranks = [r[layout] for r in results]
         for logits, loss, topk, grads, shards in ranks:
             # the same top-k as the unsplit run, up to a near-tie (past layer 0 the indexer's input went
             # through row-parallel sums); across ranks they are equal by construction (checked below)
@@ -67,29 +88,12 @@ def test_tensor_and_expert_parallel_match_the_unsplit_model(backend):
                 if name in shards:
                     dim, start, length = shards[name]
                     full = full.narrow(dim, start, length)
-                torch.testing.assert_close(g, full, rtol=1e-4, atol=1e-6, msg=name)
+                torch.testing.assert_close(g, full, rtol=1e-4, atol=1e-6, msg=f"{layout} {name}")
         # the two ranks' logits and top-k are the same bits (fixed-order sums, replicated indexer)
         assert torch.equal(ranks[0][0], ranks[1][0])
         assert all(torch.equal(a, b) for a, b in zip(ranks[0][2], ranks[1][2], strict=True))
         halves = [sum(v[2] for n, v in r[4].items()) for r in ranks]
         assert halves[0] == halves[1] > 0
-
-
-def _ep_rank(rank: int, world: int, backend: str):
-    model = _model(backend)
-    plan.apply(model, tp=Single(), ep=TorchGroup())
-    with torch.no_grad():
-        return model(_ids()).logits
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_expert_parallel_alone_is_bitwise_the_unsplit_model(backend):
-    """Whole experts per rank, attention unsplit: each (token, slot) output has one owner, so the sum over
-    ranks is exact and the logits are the unsplit model's bits."""
-    with torch.no_grad():
-        ref = _model(backend)(_ids()).logits
-    for logits in run_ranks(_ep_rank, 2, backend):
-        assert torch.equal(logits, ref)
 
 
 def test_plan_slices_parameters_and_refuses_what_does_not_split():
@@ -106,6 +110,8 @@ def test_plan_slices_parameters_and_refuses_what_does_not_split():
 
     with pytest.raises(plan.PlanError, match="num_attention_heads: 4 does not split over 3 ranks"):
         plan.apply(model, tp=Three())
+    assert model.model.layers[0].self_attn.q_b_proj.weight.shape == (4 * 24, 48)  # refused before any split
+    assert getattr(model, "glm5_plan", None) is None
 
 
 def test_local_slice_on_a_meta_model_gives_each_rank_its_part():
@@ -142,11 +148,14 @@ def _quantized(recipe: str) -> GLM5ForCausalLM:
     return model.eval()
 
 
-def _quant_rank(rank: int, world: int, recipe: str, layout: str):
-    model = _quantized(recipe)
-    group = TorchGroup()
-    plan.apply(model, tp=Single() if layout == "ep" else group, ep=group if layout != "tp" else None)
-    return _first_layer_and_logits(model)
+def _quant_rank(rank: int, world: int, recipe: str) -> dict:
+    out = {}
+    for layout in ("ep", "tp", "tp+ep"):
+        model = _quantized(recipe)
+        group = TorchGroup()
+        plan.apply(model, tp=Single() if layout == "ep" else group, ep=group if layout != "tp" else None)
+        out[layout] = _first_layer_and_logits(model)
+    return out
 
 
 def _first_layer_and_logits(model: GLM5ForCausalLM):
@@ -163,9 +172,10 @@ def test_quantized_layers_split_by_the_same_plan(recipe):
     its own per-token scale (as vLLM does), so it is close, not equal: compared on the first layer's output,
     before a near-tie of the random tiny model's indexer can move a top-k set and amplify the difference."""
     ref_logits, ref_layer0 = _first_layer_and_logits(_quantized(recipe))
-    for logits, _ in run_ranks(_quant_rank, 2, recipe, "ep"):
-        assert torch.equal(logits, ref_logits)
+    results = run_ranks(_quant_rank, 2, recipe)
+    for r in results:
+        assert torch.equal(r["ep"][0], ref_logits)
     for layout in ("tp", "tp+ep"):
-        for _, layer0 in run_ranks(_quant_rank, 2, recipe, layout):
+        for _, layer0 in (r[layout] for r in results):
             err = (layer0 - ref_layer0).abs().max().item()
             assert 0 < err < 0.02 * ref_layer0.abs().max().item(), (layout, err)
