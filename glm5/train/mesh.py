@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 AXES = ("dp", "tp", "ep", "pp")
-#: axes this build can run with a size above 1, one at a time (pp waits for the pipeline wiring; dp x tp
-#: for DistributedMuon and the checkpoints on FSDP shards of tensor-parallel slices)
+#: axes this build can run with a size above 1 (pp waits for the pipeline wiring)
 RUNNABLE = ("dp", "tp", "ep")
+#: the 2-D meshes it runs: data parallel (FSDP2) over copies of a model split by the plan
+TWO_D = (("dp", "tp"), ("dp", "ep"))
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,13 @@ class Mesh:
 
     @property
     def axis(self) -> str:
-        """The one axis above 1 ('dp' for a single process)."""
+        """The first axis above 1 ('dp' for a single process)."""
         return next((a for a in AXES if getattr(self, a) > 1), "dp")
+
+    @property
+    def model_axis(self) -> str | None:
+        """'tp' or 'ep' when the plan splits the model over that axis, else None."""
+        return next((a for a in ("tp", "ep") if getattr(self, a) > 1), None)
 
     def __str__(self) -> str:
         return ",".join(f"{a}={getattr(self, a)}" for a in AXES)
@@ -57,7 +63,7 @@ def check_mesh(mesh: Mesh, nproc: int) -> None:
     for axis in AXES:
         if axis not in RUNNABLE and getattr(mesh, axis) > 1:
             raise ValueError(f"{axis}={getattr(mesh, axis)}: not in this build yet (dp, tp or ep)")
-    used = [a for a in AXES if getattr(mesh, a) > 1]
-    if len(used) > 1:
-        raise ValueError(f"{' x '.join(used)}: one axis above 1 at a time (a 2-D mesh is not in this build "
-                         "yet)")
+    used = tuple(a for a in AXES if getattr(mesh, a) > 1)
+    if len(used) > 1 and used not in TWO_D:
+        raise ValueError(f"{' x '.join(used)}: expected one axis above 1 or a 2-D mesh "
+                         f"{' or '.join(' x '.join(m) for m in TWO_D)}")
