@@ -98,12 +98,6 @@ def _parallel(nproc: int, mesh: str | None, stage: str, batch_size: int):
         raise click.BadParameter(str(exc), param_hint="'--mesh'") from None
     if nproc == 1:
         return None
-    if stage == "rl":
-        raise click.BadParameter("rl on several processes: not in this build yet (run it with --nproc 1)",
-                                 param_hint="'--stage'")
-    if stage == "warmup" and parsed.dp > 1:  # its loss never reaches the FSDP units' outputs
-        raise click.BadParameter("warmup with dp > 1: not in this build yet (use --mesh tp=N or --nproc 1)",
-                                 param_hint="'--stage'")
     if batch_size % parsed.dp:
         raise click.BadParameter(f"the global batch must divide by dp ({parsed.dp}), got {batch_size}",
                                  param_hint="'--batch-size'")

@@ -79,10 +79,17 @@ def _plan(model: torch.nn.Module) -> dict:
 
 def _global(t: torch.Tensor, info, mesh: DeviceMesh | None) -> torch.Tensor:
     """A tensor-parallel slice as a DTensor on `mesh` (sharing its storage), so DCP stores it at its
-    offset in the full tensor; anything else as is."""
-    if info is None or mesh is None or isinstance(t, DTensor) or tuple(t.shape) == tuple(info.full_shape):
+    offset in the full tensor; on a 2-D mesh's (tp|ep, dp) view, FSDP2's dim-0 shard of such a slice
+    (a DTensor over the dp ranks) placed at the plan's offset plus FSDP's; anything else as is."""
+    if info is None or mesh is None or tuple(t.shape) == tuple(info.full_shape):
         return t
-    return DTensor.from_local(t, mesh, [Shard(info.dim)], run_check=False, shape=torch.Size(info.full_shape),
+    if isinstance(t, DTensor):
+        if mesh.ndim != 2:
+            return t
+        t, placements = t.to_local(), [Shard(info.dim), Shard(0)]
+    else:
+        placements = [Shard(info.dim)]
+    return DTensor.from_local(t, mesh, placements, run_check=False, shape=torch.Size(info.full_shape),
                               stride=torch.empty(info.full_shape, device="meta").stride())
 
 
@@ -111,7 +118,8 @@ def save_sharded(
 ) -> Path:
     """Every rank calls it: checkpoint `step-{step:06d}` written into a staging directory (rank 0 makes
     it, every rank writes its shards), published atomically by rank 0, `latest` re-pointed, the newest
-    `keep` checkpoints kept. `mesh`: the 1-D mesh of a model split by glm5.parallel.plan."""
+    `keep` checkpoints kept. `mesh`: the plan's mesh of a model split by glm5.parallel.plan (1-D, or
+    the (tp|ep, dp) view of a 2-D mesh: `Dist.plan_mesh`)."""
     rank, name = _rank(), f"step-{step:06d}"
     box: list[Any] = [fsio.staging_dir(ckpt_root, STAGING) if rank == 0 else None]
     if dist.is_initialized():
@@ -150,8 +158,8 @@ def load_model(path: Path, model: torch.nn.Module, mesh: DeviceMesh | None = Non
     """The model weights of the sharded checkpoint `path` into `model` (sharded or whole)."""
     msd = _model_state(model, mesh)
     _load(msd, Path(path) / MODEL)
-    plan = _plan(model)
-    set_model_state_dict(model, {k: _local_slice(v, k, plan) for k, v in msd.items()})
+    plan, params = _plan(model), dict(model.named_parameters())
+    set_model_state_dict(model, {k: _local_slice(v, k, plan, params) for k, v in msd.items()})
 
 
 def load_trainer(
@@ -180,7 +188,7 @@ def load_trainer(
             template[key] = torch.zeros(info.size, dtype=info.properties.dtype)
     _load(template, path / TRAINER / OPTIM)
     state = {
-        fqn: {k: _local_slice(template[v["__tensor__"]], fqn, plan)
+        fqn: {k: _local_slice(template[v["__tensor__"]], fqn, plan, params)
               if isinstance(v, dict) and "__tensor__" in v else v
               for k, v in st.items()}
         for fqn, st in meta["state"].items()
@@ -195,9 +203,16 @@ def load_trainer(
         set_rng_state({k: h.get_tensor(k) for k in h.keys()})
 
 
-def _local_slice(t: torch.Tensor, fqn: str, plan: dict) -> torch.Tensor:
-    """The plan's slice as the plain tensor the optimizer holds (FSDP DTensors stay DTensors)."""
-    return t.to_local() if fqn in plan and isinstance(t, DTensor) else t
+def _local_slice(t: torch.Tensor, fqn: str, plan: dict, params: dict) -> torch.Tensor:
+    """The plan's slice as the model holds it: a plain tensor, or (a 2-D mesh) FSDP2's DTensor over the
+    dp ranks with this rank's shard of the slice; FSDP DTensors of whole parameters stay as they are."""
+    if fqn not in plan or not isinstance(t, DTensor):
+        return t
+    p = params[fqn]
+    if not isinstance(p, DTensor):
+        return t.to_local()
+    return DTensor.from_local(t.to_local(), p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                              stride=p.stride())
 
 
 def empty_model(path: Path, backend: str | None = None) -> torch.nn.Module:

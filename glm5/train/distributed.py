@@ -1,4 +1,5 @@
-"""`glm5 train --nproc N --mesh dp=N|tp=N|ep=N`: training on N processes with torch.distributed.
+"""`glm5 train --nproc N --mesh dp=N|tp=N|ep=N|dp=D,tp=T|dp=D,ep=E`: training on N processes with
+torch.distributed.
 
 - `launch` re-runs the command line (sys.argv) under torchrun's launcher (`elastic_launch`), one
   process per rank; a command already under torchrun (RANK / WORLD_SIZE set) runs as its rank.
@@ -8,7 +9,14 @@
   `lm_head.weight` after the model's forward returned, so the root keeps them gathered until its
   backward). ZeRO-3 frees each layer's gathered parameters after its forward
   (reshard_after_forward=True), ZeRO-2 keeps them to the backward; gradients and optimizer state are
-  sharded either way. With tp or ep: the one parallel plan, glm5/parallel/plan.py.
+  sharded either way. With tp or ep: the one parallel plan, glm5/parallel/plan.py. A 2-D mesh (dp x tp,
+  dp x ep; DeviceMesh (dp, tp|ep), the model axis inner): the plan over the tp / ep sub-group first, then
+  FSDP2 over the dp sub-mesh on each rank's slices; the plan's ShardInfo (`p.glm5_shard`, which FSDP2's
+  new parameters do not carry) is attached again, and each parameter the plan left whole carries
+  `p.glm5_replicas` (the tp / ep group holding copies of it), so DistributedMuon and the checkpoints see
+  both layouts. Stage warmup at dp > 1: the indexers (its only trainable parameters, whose KL loss never
+  reaches a decoder layer's output, so FSDP2's backward hooks would not run) stay out of FSDP, replicated,
+  and their gradients are averaged over dp explicitly (in rank order, as FSDP2 sums).
 - Optimizers: `DistributedMuon` (glm5/train/muon_dist.py: per-head and per-expert shards updated in
   place, every other matrix by one owner) and AdamW on the shards.
 - `DistBalancer`: the aux-loss-free expert bias moves on the expert load summed over the dp ranks.
@@ -86,8 +94,8 @@ class Dist:
 
     @classmethod
     def setup(cls, mesh: Mesh, zero: int, device: torch.device | str) -> Dist:
-        """Join the process group (from torchrun's environment) and build a 1-D DeviceMesh over every
-        rank, named after the mesh's one axis above 1."""
+        """Join the process group (from torchrun's environment) and build the DeviceMesh: 1-D named after
+        the mesh's one axis above 1, or 2-D (dp, tp|ep)."""
         device = torch.device(device)
         if zero not in ZERO_STAGES:
             raise ValueError(f"zero: expected one of {ZERO_STAGES}, got {zero!r}")
@@ -98,8 +106,31 @@ class Dist:
         world = dist.get_world_size()
         if world != mesh.size:
             raise ValueError(f"mesh: {mesh} covers {mesh.size} processes, the run has {world}")
-        dm = init_device_mesh(device.type, (world,), mesh_dim_names=(mesh.axis,))
+        if mesh.dp > 1 and mesh.model_axis is not None:
+            axis = mesh.model_axis
+            dm = init_device_mesh(device.type, (mesh.dp, world // mesh.dp), mesh_dim_names=("dp", axis))
+        else:
+            dm = init_device_mesh(device.type, (world,), mesh_dim_names=(mesh.axis,))
         return cls(mesh, zero, dm, dist.get_rank(), world)
+
+    @property
+    def two_d(self) -> bool:
+        return self.device_mesh.ndim == 2
+
+    @property
+    def dp_rank(self) -> int:
+        return self.device_mesh.get_local_rank("dp") if self.mesh.dp > 1 else 0
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        """The process group of this rank's data-parallel copies (None without dp)."""
+        return self.device_mesh.get_group("dp") if self.mesh.dp > 1 else None
+
+    @property
+    def model_group(self) -> dist.ProcessGroup | None:
+        """The process group the plan splits the model over (None without tp / ep)."""
+        axis = self.mesh.model_axis
+        return None if axis is None else self.device_mesh.get_group(axis)
 
     @classmethod
     def for_run(
@@ -113,7 +144,8 @@ class Dist:
             raise ValueError(f"resume: {plain_checkpoint} was written by a 1-process run; resume it without "
                              "--nproc")
         d = cls.setup(mesh, zero, model.backend.device)
-        d.shard(model)
+        d.shard(model, frozen_base=not any(p.requires_grad for n, p in model.named_parameters()
+                                           if ".indexer." not in n))
         return d
 
     def global_record(self, rec: dict) -> dict:
@@ -123,6 +155,22 @@ class Dist:
         rec["max_attn_logit"] = self.max(rec["max_attn_logit"])
         return rec
 
+    def global_rl_record(self, rec: dict) -> dict:
+        """An RL step's record for the global batch: means over the ranks' equal shares (the ranks of a
+        tp / ep group hold copies, so the mean over all ranks is the mean over dp), the reward's standard
+        deviation over every rollout, extremes over all; grad_norm is global already."""
+        second = self.mean(rec["reward_std"] ** 2 + rec["reward_mean"] ** 2)
+        for key in ("loss", "reward_mean", "popped", "clipped", "moe_max_violation"):
+            rec[key] = self.mean(rec[key])
+        rec["reward_std"] = max(second - rec["reward_mean"] ** 2, 0.0) ** 0.5
+        for key in ("mismatch_min", "ppo_ratio_min"):
+            rec[key] = -self.max(-rec[key])
+        for key in ("mismatch_max", "ppo_ratio_max", "max_attn_logit"):
+            rec[key] = self.max(rec[key])
+        rec["response_tokens"] *= self.mesh.dp
+        rec["tokens"] *= self.mesh.dp
+        return rec
+
     @property
     def is_writer(self) -> bool:
         """Rank 0 alone writes metrics, the summary and plots."""
@@ -130,32 +178,51 @@ class Dist:
 
     @property
     def model_parallel(self) -> bool:
-        """tp or ep: the model split by glm5.parallel.plan (not FSDP)."""
-        return self.mesh.axis in ("tp", "ep")
+        """tp or ep: the model split by glm5.parallel.plan (alone or under FSDP on a 2-D mesh)."""
+        return self.mesh.model_axis is not None
 
-    def shard(self, model: torch.nn.Module) -> None:
-        """dp: FSDP2 in place, each decoder layer a unit, the rest (MTP layer included) the root unit.
-        tp / ep: the one parallel plan (glm5/parallel/plan.py) over the mesh's group."""
+    def shard(self, model: torch.nn.Module, frozen_base: bool = False) -> None:
+        """tp / ep: the one parallel plan (glm5/parallel/plan.py) over the model axis's group. dp: then
+        FSDP2 in place over the dp (sub-)mesh, each decoder layer a unit, the rest (MTP layer included)
+        the root unit. `frozen_base` (stage warmup): the indexers stay out of FSDP (see the module
+        docstring; `clip_grad_norm` averages their gradients)."""
         from torch.distributed.fsdp import fully_shard
 
         if self.model_parallel:
             from glm5.parallel.group import Single, TorchGroup
             from glm5.parallel.plan import apply
 
-            group = TorchGroup(self.device_mesh.get_group(0))
-            if self.mesh.axis == "tp":
+            group = TorchGroup(self.model_group)
+            if self.mesh.model_axis == "tp":
                 apply(model, tp=group)
             else:
                 apply(model, tp=Single(), ep=group)
+        if self.mesh.dp == 1:
             return
-
+        dp_mesh = self.device_mesh["dp"] if self.two_d else self.device_mesh
+        ignored = {p for n, p in model.named_parameters() if ".indexer." in n} if frozen_base else None
         reshard = self.zero == 3
         # the model returns views (e.g. its loss); nothing here modifies them in place
         warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor")
         for layer in model.model.layers[: model.config.num_hidden_layers]:
-            fully_shard(layer, mesh=self.device_mesh, reshard_after_forward=reshard)
+            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored)
         # the root keeps its parameters gathered after forward: the MTP loss runs after model() returns
-        fully_shard(model, mesh=self.device_mesh, reshard_after_forward=False)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, ignored_params=ignored)
+        if self.model_parallel:
+            self._mark_layouts(model)
+
+    def _mark_layouts(self, model: torch.nn.Module) -> None:
+        """FSDP2 replaced the parameters: attach the plan's ShardInfo again (by name) and mark the
+        parameters the plan left whole with the group that holds copies of them."""
+        from glm5.parallel.group import TorchGroup
+
+        plan = getattr(model, "glm5_plan", None) or {}
+        copies = TorchGroup(self.model_group)
+        for name, p in model.named_parameters():
+            if name in plan:
+                p.glm5_shard = plan[name]
+            elif isinstance(p, DTensor):
+                p.glm5_replicas = copies
 
     @staticmethod
     def reshard(model: torch.nn.Module) -> None:
@@ -169,39 +236,81 @@ class Dist:
                 m.reshard()
 
     def local_batch(self, ids: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of the global batch [B, S] (B divides by dp: checked by the CLI / Trainer)."""
+        """This rank's slice of the global batch [B, ...] (B divides by dp: checked by the CLI / Trainer);
+        the ranks of one tp / ep group see the same slice."""
         per = ids.shape[0] // self.mesh.dp
         if per == ids.shape[0]:
-            return ids  # tp / ep: every rank sees the whole batch
-        return ids[self.rank * per : (self.rank + 1) * per]
+            return ids
+        return ids[self.dp_rank * per : (self.dp_rank + 1) * per]
 
     def optimizers(self, model: torch.nn.Module, mode: str, lr: float, weight_decay: float) -> list:
         """[DistributedMuon, AdamW] over the sharded parameters (glm5/train/muon_dist.py)."""
         return build_distributed_optimizers(model, mode, lr, weight_decay)
 
     def balancer(self, model: torch.nn.Module, gamma: float) -> ExpertBalancer:
-        # tp / ep: the router is replicated, every rank counts the same tokens
-        return ExpertBalancer(model, gamma) if self.model_parallel else DistBalancer(model, gamma)
+        # the router is replicated over tp / ep: every rank of that group counts the same tokens
+        return DistBalancer(model, gamma, self.dp_group) if self.mesh.dp > 1 else ExpertBalancer(model, gamma)
 
     @property
     def plan_mesh(self) -> DeviceMesh | None:
-        """The mesh the plan's slices lie on (for checkpoints), None under FSDP."""
-        return self.device_mesh if self.model_parallel else None
+        """The mesh the plan's slices lie on (for checkpoints; None without tp / ep): the model axis's
+        1-D mesh, or on a 2-D mesh the (tp|ep, dp) view of it, the plan's split first, then FSDP's."""
+        if not self.model_parallel:
+            return None
+        if not self.two_d:
+            return self.device_mesh
+        if self._plan_mesh is None:  # every rank builds it once, in the same order (it makes groups)
+            axis = self.mesh.model_axis
+            self._plan_mesh = DeviceMesh(self.device_mesh.device_type, self.device_mesh.mesh.t().contiguous(),
+                                         mesh_dim_names=(axis, "dp"))
+        return self._plan_mesh
+
+    _plan_mesh: DeviceMesh | None = None
+
+    def sync_replicated_grads(self, params: list[torch.Tensor]) -> None:
+        """dp > 1: the mean over the dp ranks of the gradients FSDP2 does not reduce (parameters kept out
+        of it: the warm-up's indexers), summed in rank order as FSDP2 sums (each divided by dp first)."""
+        if self.mesh.dp == 1:
+            return
+        from glm5.parallel.group import TorchGroup
+
+        group = TorchGroup(self.dp_group)
+        for p in params:
+            if p.grad is not None and not isinstance(p, DTensor):
+                p.grad.copy_(group.all_reduce(p.grad / self.mesh.dp))
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-        """Clip to the global gradient norm. FSDP2: torch's clip_grad_norm_ on the DTensor gradients;
-        tp / ep: the squares of the plan's slices summed over the group (in rank order), replicated
-        parameters counted once, so every rank scales by the same factor."""
+        """Average what FSDP2 did not (`sync_replicated_grads`), then clip to the global gradient norm.
+        dp alone: torch's clip_grad_norm_ on the DTensor gradients. tp / ep (alone or under FSDP): each
+        parameter's squares summed over the ranks holding distinct parts of it (in rank order: the plan's
+        FSDP-sharded slices over every rank, its slices or FSDP shards alone over their group), whole
+        copies counted once, so every rank scales by the same factor."""
+        self.sync_replicated_grads(params)
         if not self.model_parallel:
             return full(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=False))
         from glm5.parallel.group import TorchGroup
 
-        grads = [(p.grad, getattr(p, "glm5_shard", None) is not None) for p in params if p.grad is not None]
-        sliced = sum((g.float().pow(2).sum() for g, s in grads if s), torch.zeros(()))
-        replicated = sum((g.float().pow(2).sum() for g, s in grads if not s), torch.zeros(()))
-        total = (TorchGroup(self.device_mesh.get_group(0)).all_reduce(sliced) + replicated).sqrt()
+        two_d = self.mesh.dp > 1
+        groups: dict[str, TorchGroup | None] = {
+            "world": TorchGroup(None) if two_d else None, "model": TorchGroup(self.model_group),
+            "dp": TorchGroup(self.dp_group) if two_d else None}
+        sums: dict[str, torch.Tensor] = {}
+        grads = []
+        for p in params:
+            if p.grad is None:
+                continue
+            g = local(p.grad)
+            sliced, fsdp = getattr(p, "glm5_shard", None) is not None, isinstance(p.grad, DTensor)
+            key = ("world" if fsdp else "model") if sliced else ("dp" if fsdp else "once")
+            sums[key] = sums.get(key, torch.zeros(())) + g.float().pow(2).sum()
+            grads.append(g)
+        total = sums.get("once", torch.zeros(()))
+        for key in ("world", "model", "dp"):  # every rank holds all three kinds, so all call them
+            if groups[key] is not None:
+                total = total + groups[key].all_reduce(sums.get(key, torch.zeros(())))
+        total = total.sqrt()
         coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        for g, _ in grads:
+        for g in grads:
             g.mul_(coef.to(g.dtype))
         return total
 
@@ -245,13 +354,19 @@ def _like(full_value: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 
 class DistBalancer(ExpertBalancer):
-    """ExpertBalancer on a sharded model: the bias moves on the load summed over every rank (float64
-    token counts: exact in any order), so every rank and a 1-process run over the same batch agree."""
+    """ExpertBalancer on a sharded model: the bias moves on the load summed over the dp ranks (`group`;
+    float64 token counts: exact in any order), so every rank and a 1-process run over the same batch
+    agree."""
+
+    def __init__(self, model: torch.nn.Module, gamma: float = 1e-3,
+                 group: dist.ProcessGroup | None = None) -> None:
+        super().__init__(model, gamma)
+        self.group = group
 
     @torch.no_grad()
     def update(self, apply: bool = True) -> float:
         for load in self.load:
-            dist.all_reduce(load)
+            dist.all_reduce(load, group=self.group)
         viol = []
         for r, load in zip(self.routers, self.load, strict=True):
             if load.sum() == 0:

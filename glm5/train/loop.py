@@ -184,6 +184,7 @@ class Trainer:
         if mesh is not None:
             from glm5.train.distributed import Dist
 
+            _check_rl_on_mesh(cfg, mesh)
             plain = ckpt if sharded is None else None
             self.dist = Dist.for_run(mesh, zero, self.model, cfg.batch_size, plain)
         plan_mesh = None if self.dist is None else self.dist.plan_mesh
@@ -209,7 +210,8 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         cfg = self.cfg
         if cfg.stage == "rl":
-            return rl_step(self, step)
+            rec = rl_step(self, step)
+            return rec if self.dist is None else self.dist.global_rl_record(rec)
         t0 = time.perf_counter()
         ids = self.corpus.batch(cfg.batch_size, cfg.seq_len, cfg.seed, step).to(self.device)
         if self.dist is not None:
@@ -232,10 +234,7 @@ class Trainer:
             if kl is not None:
                 total = total + cfg.kl_weight * kl
         total.backward()
-        if self.dist is not None:  # the global norm over every rank's shards
-            gnorm = self.dist.clip_grad_norm(self.params, cfg.grad_clip)
-        else:
-            gnorm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=False)
+        gnorm = self.clip_gradients()
         for o in self.optimizers:
             o.step()
             o.zero_grad(set_to_none=True)
@@ -254,6 +253,12 @@ class Trainer:
             "step_s": time.perf_counter() - t0,
         }
         return rec if self.dist is None else self.dist.global_record(rec)
+
+    def clip_gradients(self) -> torch.Tensor:
+        """Clip the gradients to `grad_clip` of their global norm (over every rank's shards); the norm."""
+        if self.dist is not None:
+            return self.dist.clip_grad_norm(self.params, self.cfg.grad_clip)
+        return torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip, foreach=False)
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -338,6 +343,20 @@ class Trainer:
             raise Diverged(f"training diverged at step {done}: {len(bad)} parameter tensor(s) hold NaN or "
                            f"infinite values (e.g. {bad[0]}); no checkpoint written for it (try a lower "
                            "--lr)")
+
+
+def _check_rl_on_mesh(cfg: TrainConfig, mesh: Mesh) -> None:
+    """Stage rl on several processes: each dp rank's rollouts split into the minibatches, sampled by the
+    sharded policy itself (bf16; the FP8 copy is built from whole weights)."""
+    if cfg.stage != "rl":
+        return
+    rows = cfg.batch_size // mesh.dp * cfg.group_size
+    if cfg.batch_size % mesh.dp or rows % cfg.minibatches:
+        raise ValueError(f"minibatches: expected a divisor of each dp rank's rollouts (batch_size / dp * "
+                         f"group_size = {cfg.batch_size} / {mesh.dp} * {cfg.group_size}), got "
+                         f"{cfg.minibatches}")
+    if cfg.rollout_precision != "bf16":
+        raise ValueError("rollout_precision: fp8 on several processes is not in this build yet (use bf16)")
 
 
 def _check_finite(rec: dict, done: int) -> None:

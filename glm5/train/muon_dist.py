@@ -16,6 +16,15 @@ Each Muon parameter takes one of two paths, fixed at construction from its shape
 
 Parameters that are not sharded at all (replicated) are updated on every rank, without communication.
 
+On a 2-D mesh (dp x tp, dp x ep: FSDP2 over the dp ranks of a model the plan split) a parameter's
+Layout spans every rank: a plan slice (`p.glm5_shard`) that FSDP2 shards on dim 0 lies at the plan's
+offset plus FSDP's chunk (a 'heads' / 'experts-ep' slice split on dim 0 twice still holds whole heads /
+experts per rank when the counts divide: the local path); a slice of another dim is a 2-D box (dim 0
+from FSDP, `dim2` from the plan). A parameter the plan left whole (`p.glm5_replicas`: the tp / ep group
+holding copies) has its one owner among all ranks, which receives every copy's FSDP shard (identical
+bits; one is used) and sends each rank its part: one Newton-Schulz call per matrix per step over the
+whole mesh, at the price of (tp - 1) redundant shards into the owner.
+
 The elementwise parts (momentum, Nesterov, weight decay, the add) run on the local shard only; the
 orthogonalised update is `Muon.update` on the same matrix bits either way, so each local shard equals
 the slice of the 1-process result bitwise (tests/glm5/train/test_muon_dist.py).
@@ -53,23 +62,44 @@ def chunk_ranges(n: int, world: int) -> tuple[tuple[int, int], ...]:
 @dataclass(frozen=True)
 class Layout:
     """How one Muon parameter is split: along `dim` of `full_shape`, rank r holding `ranges[r]`
-    (start, length), in process group `group` (None: the default group)."""
+    (start, length), in process group `group` (None: the default group); with `dim2`, also along that
+    dim, rank r holding `ranges2[r]` of it (a 2-D mesh's box)."""
 
     full_shape: tuple[int, ...]
     dim: int
     ranges: tuple[tuple[int, int], ...]
     rank: int
     group: dist.ProcessGroup | None = field(default=None, compare=False)
+    dim2: int | None = None
+    ranges2: tuple[tuple[int, int], ...] | None = None
 
     @property
     def world(self) -> int:
         return len(self.ranges)
 
+    def shape(self, r: int) -> list[int]:
+        """The shape of rank r's part."""
+        shape = list(self.full_shape)
+        shape[self.dim] = self.ranges[r][1]
+        if self.dim2 is not None:
+            shape[self.dim2] = self.ranges2[r][1]
+        return shape
+
+    def box(self, r: int) -> tuple[slice, ...]:
+        """Rank r's part of the full tensor, one slice per dim."""
+        out = [slice(None)] * len(self.full_shape)
+        start, n = self.ranges[r]
+        out[self.dim] = slice(start, start + n)
+        if self.dim2 is not None:
+            start, n = self.ranges2[r]
+            out[self.dim2] = slice(start, start + n)
+        return tuple(out)
+
     def local_blocks(self, blk: Blocks) -> Blocks | None:
         """The Blocks of this rank's shard when every rank's shard holds whole blocks, else None."""
         if self.world == 1:
             return blk
-        if self.dim != 0:
+        if self.dim != 0 or self.dim2 is not None:
             return None
         rows_per_index = math.prod(self.full_shape[1:-1])  # 1 for a matrix, r for stacked [E, r, c]
         unit = sum(blk.sections)
@@ -79,8 +109,7 @@ class Layout:
 
     def padded_numel(self) -> int:
         """Elements of the largest shard: what each rank sends on the owner path."""
-        longest = max(n for _, n in self.ranges)
-        return longest * math.prod(self.full_shape) // self.full_shape[self.dim]
+        return max(math.prod(self.shape(r)) for r in range(self.world))
 
 
 def category(blk: Blocks, full_shape: Sequence[int]) -> str:
@@ -111,9 +140,47 @@ def _process_group(group) -> dist.ProcessGroup | None:
     return getattr(group, "group", group)
 
 
+def _grid(dp_ranks: list[int], model_ranks: list[int]) -> dict[int, tuple[int, int]]:
+    """Global rank -> (dp rank, tp / ep rank) on a 2-D mesh, from this rank's dp group (its column) and
+    tp / ep group (its row): a regular grid, rank = column[d] + row[t] - this rank."""
+    me = set(dp_ranks) & set(model_ranks)
+    if len(me) != 1:
+        raise ValueError(f"groups: a dp group {dp_ranks} and a model group {model_ranks} do not cross once")
+    (me_rank,) = me
+    return {dp_ranks[d] + model_ranks[t] - me_rank: (d, t)
+            for d in range(len(dp_ranks)) for t in range(len(model_ranks))}
+
+
+def _layout_2d(p: DTensor, mesh, i: int) -> Layout | None:
+    """A plan slice or a plan-replicated parameter that FSDP2 sharded over the dp ranks: its Layout over
+    every rank of the 2-D mesh (the default group), or None when `p` carries neither mark."""
+    info = getattr(p, "glm5_shard", None)
+    copies = getattr(p, "glm5_replicas", None)
+    if info is None and copies is None:
+        return None
+    model_pg = _process_group(info.group if info is not None else copies)
+    grid = _grid(mesh.mesh.tolist(), dist.get_process_group_ranks(model_pg))
+    world = dist.get_world_size()
+    if sorted(grid) != list(range(world)):
+        raise ValueError(f"mesh: the dp x model grid {sorted(grid)} does not cover the {world} ranks")
+    rows = chunk_ranges(p.shape[0], mesh.size(i))  # FSDP2's chunks of the local (slice) rows
+    if info is None:
+        full, ranges, dim2, ranges2 = tuple(p.shape), [rows[grid[g][0]] for g in range(world)], None, None
+    else:
+        full, n = tuple(info.full_shape), info.full_shape[info.dim] // info.size
+        if info.dim == 0:  # the plan's slice, then FSDP's chunk of it
+            ranges = [(grid[g][1] * n + rows[grid[g][0]][0], rows[grid[g][0]][1]) for g in range(world)]
+            dim2, ranges2 = None, None
+        else:
+            ranges = [rows[grid[g][0]] for g in range(world)]
+            dim2, ranges2 = info.dim, tuple((grid[g][1] * n, n) for g in range(world))
+    return Layout(full, 0, tuple(ranges), dist.get_rank(), None, dim2, ranges2)
+
+
 def layout_of(p: torch.Tensor) -> Layout | None:
     """The Layout of a sharded parameter: an FSDP2 / DTensor `Shard(0)` over one mesh dimension (others
-    replicated), or a tensor / expert parallel shard carrying `p.glm5_shard`; None when replicated."""
+    replicated), or a tensor / expert parallel shard carrying `p.glm5_shard`, or both on a 2-D mesh
+    (module docstring); None when replicated."""
     if isinstance(p, DTensor):
         sharded = [i for i, pl in enumerate(p.placements) if not isinstance(pl, Replicate)]
         if not sharded:
@@ -125,6 +192,9 @@ def layout_of(p: torch.Tensor) -> Layout | None:
                 f"(a parameter of shape {tuple(p.shape)})"
             )
         mesh, i = p.device_mesh, sharded[0]
+        two_d = _layout_2d(p, mesh, i)
+        if two_d is not None:
+            return two_d
         ranges = chunk_ranges(p.shape[0], mesh.size(i))
         return Layout(tuple(p.shape), 0, ranges, mesh.get_local_rank(i), mesh.get_group(i))
     info = getattr(p, "glm5_shard", None)
@@ -295,9 +365,11 @@ class DistributedMuon(Muon):
                 updates = []
                 for k, (e, _, _, _, ns_steps) in enumerate(mine):
                     lay = e.layout
-                    full = torch.cat([_unpad(lay, pieces[r][k], r) for r in range(world)], dim=lay.dim)
+                    full = pieces[0][k].new_empty(lay.full_shape)
+                    for r in range(world):  # copies of one part (2-D mesh) hold the same bits
+                        full[lay.box(r)] = _unpad(lay, pieces[r][k], r)
                     upd = self._orthogonalise(full, e.blk, ns_steps)
-                    updates.append([_pad(lay, upd.narrow(lay.dim, s, n)) for s, n in lay.ranges])
+                    updates.append([_pad(lay, upd[lay.box(r)]) for r in range(world)])
                 scatter = [torch.cat([u[r] for u in updates]) for r in range(world)]
             else:
                 scatter = None
@@ -327,8 +399,7 @@ def _pad(lay: Layout, t: torch.Tensor) -> torch.Tensor:
 
 def _unpad(lay: Layout, flat: torch.Tensor, rank: int) -> torch.Tensor:
     """Rank `rank`'s shard back from its padded flat form."""
-    shape = list(lay.full_shape)
-    shape[lay.dim] = lay.ranges[rank][1]
+    shape = lay.shape(rank)
     return flat[: math.prod(shape)].view(shape)
 
 

@@ -60,8 +60,9 @@ def minibatch_rows(n_rows: int, minibatches: int) -> list[slice]:
     return [slice(i * n, (i + 1) * n) for i in range(minibatches)]
 
 
-def sample_generator(seed: int, step: int) -> torch.Generator:
-    return torch.Generator().manual_seed(_SAMPLE_SEED + seed * 1_000_003 + step)
+def sample_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
+    """The sampling generator of step `step`; `stream` > 0 for the other data-parallel ranks' prompts."""
+    return torch.Generator().manual_seed(_SAMPLE_SEED + seed * 1_000_003 + step + stream * (1 << 40))
 
 
 @torch.no_grad()
@@ -69,16 +70,21 @@ def collect(trainer: Trainer, step: int) -> Rollouts:
     """Prompts, rollouts, logp_old, rewards and advantages of RL step `step`."""
     cfg, model = trainer.cfg, trainer.model
     prompts = trainer.corpus.batch(cfg.batch_size, cfg.prompt_len, cfg.seed, step).to(trainer.device)
+    d = trainer.dist
+    if d is not None:  # each data-parallel rank samples its own prompts' groups
+        prompts = d.local_batch(prompts)
     prompts = prompts.repeat_interleave(cfg.group_size, 0)
     trainer.probe.active = trainer.balancer.active = False
     model.eval()
     policy = rollout_policy(model, cfg.rollout_precision)
-    g = sample_generator(cfg.seed, step)
+    g = sample_generator(cfg.seed, step, 0 if d is None else d.dp_rank)
     responses, logp_roll = sample(policy, prompts, cfg.response_len, temperature=cfg.temperature, generator=g)
     model.train()
     logp_old = torch.empty_like(logp_roll)
     for rows in minibatch_rows(prompts.shape[0], cfg.minibatches):
         logp_old[rows] = sequence_logprobs(model, prompts[rows], responses[rows], cfg.temperature)
+    if d is not None:
+        d.reshard(model)  # no-grad forwards left the root unit gathered
     rewards = prompt_bytes_reward(prompts, responses).to(logp_roll.device)
     advantages = group_advantages(rewards, cfg.group_size)
     return Rollouts(prompts, responses, logp_roll, logp_old, rewards, advantages)
@@ -111,7 +117,7 @@ def rl_step(trainer: Trainer, step: int) -> dict:
         for rows in minibatch_rows(ro.responses.shape[0], cfg.minibatches):
             loss, st, ratio = minibatch_loss(trainer, ro, rows)
             loss.backward()
-            gnorms.append(float(torch.nn.utils.clip_grad_norm_(trainer.params, cfg.grad_clip, foreach=False)))
+            gnorms.append(float(trainer.clip_gradients()))
             for o in trainer.optimizers:
                 o.step()
                 o.zero_grad(set_to_none=True)

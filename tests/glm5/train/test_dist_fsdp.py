@@ -151,12 +151,10 @@ def test_mesh_parsing():
 @pytest.mark.parametrize("args, hint, msg", [
     (["--nproc", "2", "--mesh", "dp=3"], "'--mesh'", "multiply to 3"),
     (["--nproc", "2", "--mesh", "dp=2,tp=0"], "'--mesh'", "tp: expected an integer >= 1, got 0"),
-    (["--nproc", "4", "--mesh", "dp=2,tp=2"], "'--mesh'", "a 2-D mesh is not in this build yet"),
+    (["--nproc", "4", "--mesh", "tp=2,ep=2"], "'--mesh'", "expected one axis above 1 or a 2-D mesh"),
     (["--nproc", "2", "--mesh", "pp=2"], "'--mesh'", "pp=2: not in this build yet"),
     (["--nproc", "2", "--mesh", "pp"], "'--mesh'", "expected AXIS=N"),
     (["--nproc", "2", "--batch-size", "3"], "'--batch-size'", "must divide by dp (2), got 3"),
-    (["--nproc", "2", "--stage", "rl"], "'--stage'", "not in this build yet"),
-    (["--nproc", "2", "--stage", "warmup"], "'--stage'", "warmup with dp > 1: not in this build yet"),
     (["--nproc", "0"], "'--nproc'", "0"),
 ])
 def test_bad_parallel_options_are_one_line_exit_2_before_anything_is_written(tmp_path, args, hint, msg):
