@@ -104,6 +104,38 @@ def _parallel(nproc: int, mesh: str | None, stage: str, batch_size: int):
     return parsed
 
 
+def _pipeline_options(parallel, stage: str, batch_size: int, microbatches: int | None, schedule: str,
+                      mtp_stage: str, source: tuple | None) -> int:
+    """The micro-batches of a pp run (default: one per stage of the pipeline group, 1 without pp), its
+    options checked against the model (`source`: (--model, --config); None on --resume) in one line
+    naming the option; the pipeline options without --mesh pp=N are refused."""
+    ctx = click.get_current_context()
+    pp = parallel.pp if parallel is not None else 1
+    if pp == 1:
+        for name in ("pp_schedule", "mtp_stage", "microbatches"):
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+                raise click.BadParameter("only with --mesh pp=N (N > 1)",
+                                         param_hint=f"'--{name.replace('_', '-')}'")
+        return 1
+    if stage == "rl":
+        raise click.BadParameter("rl with pp > 1: not in this build yet (use --mesh dp=N, tp=N or ep=N)",
+                                 param_hint="'--stage'")
+    microbatches = pp if microbatches is None else microbatches
+    if source is not None:
+        from glm5.checkpoint import read_config
+        from glm5.config import GLM5Config
+        from glm5.train.pipeline_run import check_pipeline_options
+
+        model_path, preset = source
+        with one_line_errors("'--model'" if model_path is not None else "'--config'"):
+            config = (GLM5Config.from_dict(read_config(Path(model_path))) if model_path is not None
+                      else GLM5Config.from_preset(preset))
+        problem = check_pipeline_options(config, pp, schedule, mtp_stage, microbatches, batch_size)
+        if problem is not None:
+            raise click.BadParameter(problem[1], param_hint=f"'{problem[0]}'")
+    return microbatches
+
+
 def _check_resumable_sharded(out: Path, resume: bool) -> None:
     """A run on several processes resumes only a sharded checkpoint (a 1-process run's optimizer state is
     not laid out for shards): refused here, before any process starts."""
@@ -200,6 +232,15 @@ def _check_resume_options(cfg, out: Path) -> None:
               "[default: dp=NPROC]")
 @click.option("--zero", type=click.Choice(["2", "3"]), default="3", show_default=True,
               help="FSDP2 stage: 3 frees each layer's parameters after forward, 2 keeps them for backward.")
+@click.option("--pp-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved-1f1b"]), default="1f1b",
+              show_default=True, help="With --mesh pp=N: the pipeline schedule (interleaved: 2 stages each).")
+@click.option("--mtp-stage", type=click.Choice(["last", "own"]), default="last", show_default=True,
+              help="With --mesh pp=N: the MTP layer with the last decoder layers, or a stage of its own.")
+@click.option("--microbatches", default=None, type=_POS,
+              help="With --mesh pp=N: micro-batches per step (divides --batch-size)  [default: pp]")
+@click.option("--activations", type=click.Choice(["none", "recompute", "offload"]), default="none",
+              show_default=True, help="Per decoder layer: keep activations, recompute them in the backward, "
+              "or offload them to host memory.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(
     preset,
@@ -231,6 +272,10 @@ def train(
     nproc,
     mesh,
     zero,
+    pp_schedule,
+    mtp_stage,
+    microbatches,
+    activations,
     quiet,
 ) -> None:
     """Train GLM-5 with Muon Split, MTP and the DSA stages, or RL with IcePop (--stage rl); metrics.jsonl,
@@ -240,6 +285,8 @@ def train(
     from glm5.train.plots import plot_metrics
 
     parallel = _parallel(nproc, mesh, stage, batch_size)
+    microbatches = _pipeline_options(parallel, stage, batch_size, microbatches, pp_schedule, mtp_stage,
+                                     None if resume else (model_path, preset))
     backend = backend or os.environ.get("GLM5_BACKEND") or MODEL_DEFAULT_BACKEND
     backend_choice(backend)
     check_preset_fits(None if model_path is not None or resume else preset, "'--config'")
@@ -268,6 +315,10 @@ def train(
             minibatches=minibatches,
             temperature=temperature,
             rollout_precision=rollout_precision,
+            pp_schedule=pp_schedule,
+            mtp_stage=mtp_stage,
+            microbatches=microbatches,
+            activations=activations,
         )
     if not resume:  # a resumed run keeps its saved options (checked against them below)
         _check_sequence_fits(model_path, preset, seq_len if stage != "rl" else prompt_len + response_len,

@@ -36,6 +36,8 @@ from torch.distributed.tensor import DTensor, Shard
 from glm5 import fsio
 from glm5.checkpoint import open_tensors, read_config, read_json
 from glm5.config import GLM5Config
+from glm5.train.pipeline import pipeline_part
+from glm5.train.pipeline_run import merged_optimizer_meta
 from glm5.train.state import LATEST, STAGING, TRAINER, checkpoints, rng_state, set_rng_state
 
 MODEL = "model"
@@ -129,6 +131,7 @@ def save_sharded(
     try:
         d = staging / name
         tensors, meta = _split_optimizer(get_optimizer_state_dict(model, optimizers))
+        meta = merged_optimizer_meta(model, meta)  # a pipeline rank's: every rank's, in the model's order
         plan = _plan(model)
         tensors = {k: _global(v, plan.get(k.rsplit(":", 1)[0]), mesh) for k, v in tensors.items()}
         _save(_model_state(model, mesh), d / MODEL)
@@ -173,12 +176,15 @@ def load_trainer(
         raise ValueError(f"path: {path / TRAINER / 'optimizer.json'} is not an optimizer state (expected an "
                          "object with 'state' and 'param_groups')")
     params = dict(model.named_parameters())
+    elsewhere = getattr(pipeline_part(model), "elsewhere", frozenset())  # other pipeline ranks' parameters
     md = HuggingFaceStorageReader(str(path / TRAINER / OPTIM)).read_metadata().state_dict_metadata
     plan = _plan(model)
     template: dict[str, torch.Tensor] = {}
     for key, info in md.items():
         fqn = key.rsplit(":", 1)[0]
         p = params.get(fqn)
+        if p is None and fqn in elsewhere:
+            continue
         if p is None:
             raise ValueError(f"path: {path} holds optimizer state of {key!r}, which the model has not")
         full = tuple(plan[fqn].full_shape) if fqn in plan else tuple(p.shape)
@@ -191,7 +197,7 @@ def load_trainer(
         fqn: {k: _local_slice(template[v["__tensor__"]], fqn, plan, params)
               if isinstance(v, dict) and "__tensor__" in v else v
               for k, v in st.items()}
-        for fqn, st in meta["state"].items()
+        for fqn, st in meta["state"].items() if fqn not in elsewhere
     }
     # not strict: a parameter that never had a gradient (an indexer in a run without the KL) has no state
     set_optimizer_state_dict(model, optimizers, {"state": state, "param_groups": meta["param_groups"]},

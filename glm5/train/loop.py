@@ -23,11 +23,13 @@ from glm5 import fsio
 from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
 from glm5.train import dist_state
+from glm5.train.activations import checkpoint_layers
 from glm5.train.data import VOCAB_MIN, ByteCorpus
 from glm5.train.dsa import STAGES, AttentionProbe, ExpertBalancer
 from glm5.train.losses import lm_and_mtp
 from glm5.train.mesh import Mesh
 from glm5.train.muon import build_optimizers
+from glm5.train.pipeline_run import PipelineDist, pipeline_evaluate, pipeline_step
 from glm5.train.rl import check_rl_options, rl_step
 from glm5.train.state import checkpoints, latest_checkpoint, load_into, load_trainer_state, save_checkpoint
 
@@ -90,6 +92,11 @@ class TrainConfig:
     minibatches: int = 1
     temperature: float = 1.0
     rollout_precision: str = "bf16"
+    # --mesh pp=N (glm5/train/pipeline_run.py), and per decoder layer what autograd keeps for the backward
+    pp_schedule: str = "1f1b"
+    mtp_stage: str = "last"
+    microbatches: int = 1
+    activations: str = "none"
 
     def __post_init__(self) -> None:
         if self.stage not in TRAIN_STAGES:
@@ -180,13 +187,17 @@ class Trainer:
         if cfg.stage == "warmup":  # base frozen: only the indexers learn
             for name, p in self.model.named_parameters():
                 p.requires_grad_(".indexer." in name)
+        checkpoint_layers(self.model, cfg.activations)  # before any sharding wraps the layers
         self.dist = None
         if mesh is not None:
             from glm5.train.distributed import Dist
 
             _check_rl_on_mesh(cfg, mesh)
             plain = ckpt if sharded is None else None
-            self.dist = Dist.for_run(mesh, zero, self.model, cfg.batch_size, plain)
+            if mesh.pp > 1:
+                self.dist = PipelineDist.for_pipeline(mesh, cfg, self.model, plain)
+            else:
+                self.dist = Dist.for_run(mesh, zero, self.model, cfg.batch_size, plain)
         plan_mesh = None if self.dist is None else self.dist.plan_mesh
         if sharded is not None:
             dist_state.load_model(sharded, self.model, plan_mesh)
@@ -212,6 +223,8 @@ class Trainer:
         if cfg.stage == "rl":
             rec = rl_step(self, step)
             return rec if self.dist is None else self.dist.global_rl_record(rec)
+        if self.dist is not None and self.dist.mesh.pp > 1:
+            return pipeline_step(self, step)
         t0 = time.perf_counter()
         ids = self.corpus.batch(cfg.batch_size, cfg.seq_len, cfg.seed, step).to(self.device)
         if self.dist is not None:
@@ -263,6 +276,8 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean next-token loss (nats per byte) over the fixed held-out batches."""
+        if self.dist is not None and self.dist.mesh.pp > 1:
+            return pipeline_evaluate(self)
         self.model.eval()
         self.probe.active = self.balancer.active = False
         losses = [

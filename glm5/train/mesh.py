@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 AXES = ("dp", "tp", "ep", "pp")
-#: axes this build can run with a size above 1 (pp waits for the pipeline wiring)
-RUNNABLE = ("dp", "tp", "ep")
+#: axes this build can run with a size above 1 (pp alone: glm5/train/pipeline_run.py)
+RUNNABLE = ("dp", "tp", "ep", "pp")
 #: the 2-D meshes it runs: data parallel (FSDP2) over copies of a model split by the plan
 TWO_D = (("dp", "tp"), ("dp", "ep"))
 
@@ -62,7 +62,7 @@ def check_mesh(mesh: Mesh, nproc: int) -> None:
         raise ValueError(f"the axes multiply to {mesh.size} ({mesh}), expected --nproc ({nproc})")
     for axis in AXES:
         if axis not in RUNNABLE and getattr(mesh, axis) > 1:
-            raise ValueError(f"{axis}={getattr(mesh, axis)}: not in this build yet (dp, tp or ep)")
+            raise ValueError(f"{axis}={getattr(mesh, axis)}: not in this build yet (dp, tp, ep or pp)")
     used = tuple(a for a in AXES if getattr(mesh, a) > 1)
     if len(used) > 1 and used not in TWO_D:
         raise ValueError(f"{' x '.join(used)}: expected one axis above 1 or a 2-D mesh "

@@ -28,7 +28,6 @@ accumulate over micro-batches in micro-batch order (the schedules' `scale_grads`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -41,11 +40,12 @@ from torch.distributed.pipelining.schedules import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleLoopedBFS,
 )
 
+from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
-from glm5.parallel.group import TorchGroup
-from glm5.train.dsa import AttentionProbe
+from glm5.train.dsa import AttentionProbe, ExpertBalancer
 from glm5.train.losses import shifted
 
 #: schedule name (as `--pp-schedule` takes it) -> torch.distributed.pipelining class
@@ -69,11 +69,14 @@ class StageSpec:
 
 
 def plan_stages(
-    model: GLM5ForCausalLM, n_stages: int, mtp_stage: str = "last", layers: list[int] | None = None
+    model: GLM5ForCausalLM | GLM5Config,
+    n_stages: int,
+    mtp_stage: str = "last",
+    layers: list[int] | None = None,
 ) -> list[StageSpec]:
-    """The stages of `model`: decoder layers split as evenly as they go (earlier stages take the extra
-    layer), or `layers[i]` decoder layers on decoder stage i."""
-    cfg = model.config
+    """The stages of `model` (or of a model of this config): decoder layers split as evenly as they go
+    (earlier stages take the extra layer), or `layers[i]` decoder layers on decoder stage i."""
+    cfg = model if isinstance(model, GLM5Config) else model.config
     if mtp_stage not in MTP_STAGES:
         raise ValueError(f"mtp_stage: expected one of {MTP_STAGES}, got {mtp_stage!r}")
     own = mtp_stage == "own"
@@ -126,12 +129,15 @@ class StageModule(nn.Module):
         spec: StageSpec,
         mtp_steps: int,
         probe: AttentionProbe | None,
+        balancer: ExpertBalancer | None = None,
     ) -> None:
         super().__init__()
         self.spec, self.mtp_steps = spec, mtp_steps
         # the probe is not a module: a plain attribute keeps it out of the parameters
         self.__dict__["_model"] = model
         self.__dict__["_probe"] = probe
+        self.__dict__["_balancer"] = balancer
+        self._ran = False
         self.kl = probe is not None and probe.stage is not None
         inner = model.model
         self.embed_tokens = inner.embed_tokens if spec.first else None
@@ -142,6 +148,23 @@ class StageModule(nn.Module):
         self.lm_head = model.lm_head if spec.output else None
 
     def forward(self, *received: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
+        if self._ran:
+            return self._forward(*received, ids=ids)
+        # the schedule's first call is its metadata pass (on uninitialised inputs past the first stage):
+        # what it records in the probe and the balancer is not the step's
+        self._ran = True
+        probe, balancer = self._probe, self._balancer
+        marks = (len(probe.max_logits), len(probe.kl_terms)) if probe is not None else None
+        loads = [load.clone() for load in balancer.load] if balancer is not None else None
+        out = self._forward(*received, ids=ids)
+        if marks is not None:
+            del probe.max_logits[marks[0]:], probe.kl_terms[marks[1]:]
+        if loads is not None:
+            for load, saved in zip(balancer.load, loads, strict=True):
+                load.copy_(saved)
+        return out
+
+    def _forward(self, *received: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
         model, spec = self._model, self.spec
         b, s = ids.shape
         step = model.begin_step([s] * b, None)
@@ -226,12 +249,15 @@ class Pipeline:
         schedule: torch.distributed.pipelining.schedules._PipelineSchedule,
         group: dist.ProcessGroup | None,
         n_microbatches: int,
+        n_stages: int | None = None,
     ) -> None:
         self.model, self.stages, self.schedule = model, stages, schedule
         self.group, self.n_microbatches = group, n_microbatches
+        self.n_stages = n_stages or dist.get_world_size(group) * len(stages)
         self.config = model.config
         self.has_output = any(m.spec.output for m in stages)
         self.parts: dict[str, float | None] = {}
+        self._eval: torch.distributed.pipelining.schedules._PipelineSchedule | None = None
 
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         """This rank's stage parameters under their names in the model (what an optimizer of this rank
@@ -276,21 +302,45 @@ class Pipeline:
             p.grad = None
 
     @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip every stage's gradients by the norm over the whole model (the squares summed over the
-        pipeline group in rank order); returns that norm, the same on every rank. Within rounding of
-        `torch.nn.utils.clip_grad_norm_` on the whole model (the sum's order differs)."""
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        local = torch.zeros((), dtype=torch.float64)
-        for g in grads:
-            local += torch.linalg.vector_norm(g.double()) ** 2
-        total = math.sqrt(float(TorchGroup(self.group).all_reduce(local.reshape(1)).item()))
-        coef = max_norm / (total + 1e-6)
-        if coef < 1:
-            for g in grads:
-                g.mul_(coef)
+    def clip_grad_norm_(self, max_norm: float, order: dict[str, int] | None = None) -> torch.Tensor:
+        """Clip every stage's gradients by the norm over the whole model; returns that norm, the same on
+        every rank. The per-parameter norms of all ranks are gathered and combined in the whole model's
+        parameter order (`order`: name -> position; default: the model's, or the whole model's when it
+        holds only this rank's stages) as `torch.nn.utils.clip_grad_norm_(..., foreach=False)` combines
+        them on the whole model: the same norm and coefficient, bit for bit."""
+        if order is None:
+            part = pipeline_part(self.model)
+            names = part.order if part is not None else [name for name, _ in self.model.named_parameters()]
+            order = {name: i for i, name in enumerate(names)}
+        mine = [(name, p.grad) for name, p in self.named_parameters() if p.grad is not None]
+        local = [(order[name], g.dtype, torch.linalg.vector_norm(g, 2)) for name, g in mine]
+        gathered: list = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(gathered, local, group=self.group)
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}  # torch groups the norms by dtype, in order
+        for _, dtype, norm in sorted((x for part in gathered for x in part), key=lambda x: x[0]):
+            by_dtype.setdefault(dtype, []).append(norm)
+        norms = [n for group in by_dtype.values() for n in group]
+        if not norms:
+            return torch.zeros(())
+        total = torch.linalg.vector_norm(torch.stack(norms), 2)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for _, g in mine:
+            g.mul_(coef.to(g.device))
         return total
 
+    @torch.no_grad()
+    def eval_loss(self, ids: torch.Tensor) -> float | None:
+        """The next-token loss of the batch ids [B, S] (every rank passes it) as the whole model's
+        `model(ids, labels=ids).loss` computes it (one micro-batch, no MTP, no probe), on the output
+        stage's rank; None elsewhere. The forward-only schedule is built on the first call."""
+        if self._eval is None:
+            modules = [StageModule(self.model, m.spec, 0, None) for m in self.stages]
+            device = self.model.backend.device
+            pp = [PipelineStage(m, m.spec.index, self.n_stages, device, group=self.group) for m in modules]
+            self._eval = ScheduleLoopedBFS(pp, 1) if len(pp) > 1 else ScheduleGPipe(pp[0], 1)
+        self.model.eval()
+        out = self._eval.step(ids=ids)
+        return float(out[0]) if self.has_output else None
 
 @dataclass
 class _Loss:
@@ -328,13 +378,17 @@ def build_pipeline(
     loss_stage: str = "sparse",
     stages_per_rank: int | None = None,
     layers: list[int] | None = None,
+    balancer: ExpertBalancer | None = None,
 ) -> Pipeline:
     """Cut `model` (the whole model, on every rank of `group`) into pipeline stages and return this
     rank's `Pipeline`. `group`: the pipeline dimension's process group (a DeviceMesh's
     `mesh.get_group("pp")`; None: the default group). `schedule`: one of SCHEDULES; 'interleaved-1f1b'
     puts `stages_per_rank` (default 2) stages on each rank, stage i on rank i % size. The loss options
     are the training loop's (`TrainConfig`): with `probe` (its stage set) the indexer KL joins the loss
-    as in the loop's stage `loss_stage`."""
+    as in the loop's stage `loss_stage`. What the schedule's metadata pass (its first forward) records in
+    `probe` and `balancer` is dropped.
+
+    `model` may hold only this rank's stages (`release_other_stages`); the rest are never touched."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {tuple(SCHEDULES)}, got {schedule!r}")
     if loss_stage not in LOSS_STAGES:
@@ -349,14 +403,11 @@ def build_pipeline(
         )
     cls = SCHEDULES[schedule]
     multi = issubclass(cls, PipelineScheduleMulti)
-    v = (stages_per_rank or 2) if multi else 1
-    if not multi and stages_per_rank not in (None, 1):
-        raise ValueError(f"stages_per_rank: {schedule!r} runs one stage per rank, got {stages_per_rank}")
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-    specs = plan_stages(model, size * v, mtp_stage, layers)
-    modules = [StageModule(model, specs[rank + k * size], mtp_steps, probe) for k in range(v)]
+    specs = rank_stages(model, group, schedule, mtp_stage, stages_per_rank, layers)
+    modules = [StageModule(model, spec, mtp_steps, probe, balancer) for spec in specs]
     device = model.backend.device
-    pp_stages = [PipelineStage(m, m.spec.index, len(specs), device, group=group) for m in modules]
+    n_stages = dist.get_world_size(group) * len(specs)
+    pp_stages = [PipelineStage(m, m.spec.index, n_stages, device, group=group) for m in modules]
     kl_on = probe is not None and probe.stage is not None
     loss_fn = _Loss(
         n_microbatches, loss_stage, mtp_weight if mtp_steps else None, kl_weight if kl_on else None
@@ -366,4 +417,81 @@ def build_pipeline(
         if multi
         else cls(pp_stages[0], n_microbatches, loss_fn=loss_fn, scale_grads=False)
     )
-    return Pipeline(model, modules, run, group, n_microbatches)
+    return Pipeline(model, modules, run, group, n_microbatches, n_stages)
+
+
+def stages_per_rank_of(schedule: str, stages_per_rank: int | None = None) -> int:
+    """How many stages each rank runs under `schedule` (one, or for interleaved-1f1b `stages_per_rank`,
+    default 2)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule: expected one of {tuple(SCHEDULES)}, got {schedule!r}")
+    multi = issubclass(SCHEDULES[schedule], PipelineScheduleMulti)
+    if not multi and stages_per_rank not in (None, 1):
+        raise ValueError(f"stages_per_rank: {schedule!r} runs one stage per rank, got {stages_per_rank}")
+    return (stages_per_rank or 2) if multi else 1
+
+
+def rank_stages(
+    model: GLM5ForCausalLM | GLM5Config,
+    group: dist.ProcessGroup | None,
+    schedule: str,
+    mtp_stage: str = "last",
+    stages_per_rank: int | None = None,
+    layers: list[int] | None = None,
+) -> list[StageSpec]:
+    """The stages this rank of `group` runs: stage i on rank i % size."""
+    v = stages_per_rank_of(schedule, stages_per_rank)
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    specs = plan_stages(model, size * v, mtp_stage, layers)
+    return [specs[rank + k * size] for k in range(v)]
+
+
+class _Elsewhere(nn.Module):
+    """Stands in for a module another pipeline rank holds: no parameters or buffers. `weight` (when the
+    module had one) is an empty plain tensor, so its device and dtype stay readable (`begin_step` and
+    `GLM5ForCausalLM.dtype` read the embedding's)."""
+
+    def __init__(self, like: nn.Module) -> None:
+        super().__init__()
+        w = getattr(like, "weight", None)
+        if isinstance(w, torch.Tensor):
+            self.weight = torch.empty(0, dtype=w.dtype, device=w.device)
+
+
+@dataclass(frozen=True)
+class PipelinePart:
+    """What a model that `release_other_stages` cut down is part of (`model.glm5_pipeline`): the whole
+    model's parameter names in order, and those other ranks hold."""
+
+    order: tuple[str, ...]
+    elsewhere: frozenset[str]
+
+
+def pipeline_part(model: nn.Module) -> PipelinePart | None:
+    """The PipelinePart of a cut-down model, None for a whole one."""
+    return getattr(model, "glm5_pipeline", None)
+
+
+def release_other_stages(model: GLM5ForCausalLM, specs: list[StageSpec]) -> list[str]:
+    """Drop from `model`, in place, every module no stage in `specs` (this rank's) holds: decoder layers
+    outside them, the embedding off the first stage, the final norm off the stage that ends in it,
+    `lm_head` and the MTP layers off the output stage. Parameter names of what stays are unchanged;
+    `model.glm5_pipeline` records the whole model's (`PipelinePart`). Returns the names of the
+    parameters dropped (held by other ranks)."""
+    before = [name for name, _ in model.named_parameters()]
+    inner, n_main = model.model, model.config.num_hidden_layers
+    output = any(s.output for s in specs)
+    for i in range(len(inner.layers)):
+        held = any(s.start <= i < s.stop for s in specs) if i < n_main else output
+        if not held:
+            inner.layers[i] = _Elsewhere(inner.layers[i])
+    if not any(s.first for s in specs):
+        inner.embed_tokens = _Elsewhere(inner.embed_tokens)
+    if not any(s.final_norm for s in specs):
+        inner.norm = _Elsewhere(inner.norm)
+    if not output:
+        model.lm_head = _Elsewhere(model.lm_head)
+    kept = {name for name, _ in model.named_parameters()}
+    dropped = [name for name in before if name not in kept]
+    model.glm5_pipeline = PipelinePart(tuple(before), frozenset(dropped))
+    return dropped

@@ -152,7 +152,7 @@ def test_mesh_parsing():
     (["--nproc", "2", "--mesh", "dp=3"], "'--mesh'", "multiply to 3"),
     (["--nproc", "2", "--mesh", "dp=2,tp=0"], "'--mesh'", "tp: expected an integer >= 1, got 0"),
     (["--nproc", "4", "--mesh", "tp=2,ep=2"], "'--mesh'", "expected one axis above 1 or a 2-D mesh"),
-    (["--nproc", "2", "--mesh", "pp=2"], "'--mesh'", "pp=2: not in this build yet"),
+    (["--nproc", "4", "--mesh", "dp=2,pp=2"], "'--mesh'", "expected one axis above 1 or a 2-D mesh"),
     (["--nproc", "2", "--mesh", "pp"], "'--mesh'", "expected AXIS=N"),
     (["--nproc", "2", "--batch-size", "3"], "'--batch-size'", "must divide by dp (2), got 3"),
     (["--nproc", "0"], "'--nproc'", "0"),
