@@ -214,6 +214,8 @@ class Dist:
     def _mark_layouts(self, model: torch.nn.Module) -> None:
         """FSDP2 replaced the parameters: attach the plan's ShardInfo again (by name) and mark the
         parameters the plan left whole with the group that holds copies of them."""
+        from torch.distributed.fsdp import FSDPModule
+
         from glm5.parallel.group import TorchGroup
 
         plan = getattr(model, "glm5_plan", None) or {}
@@ -223,6 +225,13 @@ class Dist:
                 p.glm5_shard = plan[name]
             elif isinstance(p, DTensor):
                 p.glm5_replicas = copies
+        # in a forward the unit's gathered parameters are registered, new tensors FSDP2 made: they carry
+        # the ShardInfo too (the indexer KL's teacher finds the tp group of q_b_proj by it)
+        for prefix, module in model.named_modules():
+            if isinstance(module, FSDPModule):
+                infos = {n: plan[f"{prefix}.{n}" if prefix else n] for n, _ in module.named_parameters()
+                         if (f"{prefix}.{n}" if prefix else n) in plan}
+                module.register_forward_pre_hook(_attach(infos))
 
     @staticmethod
     def reshard(model: torch.nn.Module) -> None:
@@ -333,6 +342,18 @@ class Dist:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _attach(infos: dict):
+    """A forward pre-hook (after FSDP2's, which registers the gathered parameters) setting `glm5_shard`."""
+
+    def hook(module: torch.nn.Module, args: tuple) -> None:
+        for name, p in module.named_parameters():
+            info = infos.get(name)
+            if info is not None and getattr(p, "glm5_shard", None) is None:
+                p.glm5_shard = info
+
+    return hook
 
 
 def full(x: torch.Tensor) -> torch.Tensor:
