@@ -90,6 +90,11 @@ class BorrowLedger:
 
 def run_borrowed(ledger: BorrowLedger, op: str, reference: OpImpl, args: dict[str, Any], device: str) -> Any:
     """The reference's `op` on host copies of `args`, its results copied back to the inputs' device."""
+    return _on_host(ledger, op, lambda host: reference.fn(**host), args, device)
+
+
+def _on_host(ledger: BorrowLedger, op: str, fn: Any, args: dict[str, Any], device: str) -> Any:
+    """fn(host copies of `args`), its results copied back to the inputs' device; counted under `op`."""
     t0 = time.perf_counter()
     target = _device_of(args, device)
     host: dict[str, Any] = {}
@@ -97,7 +102,7 @@ def run_borrowed(ledger: BorrowLedger, op: str, reference: OpImpl, args: dict[st
     for name, value in args.items():
         host[name], n = _move(value, HOST)
         sent += n
-    out, back = _move(reference.fn(**host), target)
+    out, back = _move(fn(host), target)
     ledger.calls[op] += 1
     ledger.bytes_to_host[op] += sent
     ledger.bytes_to_device[op] += back
@@ -112,11 +117,26 @@ def reference_impl(op: str) -> OpImpl:
 
 
 def borrowed_impl(ledger: BorrowLedger, op: str, device: str) -> OpImpl:
-    """The OpImpl a backend serves a borrowed op with: the reference's capabilities, its function run by
-    `run_borrowed` (the recompute backward differentiates through the copies)."""
+    """The OpImpl a backend serves a borrowed op with: the reference's capabilities, its function and its
+    declared backward each run on host copies (both counted as the op's cost)."""
     reference = reference_impl(op)
 
     def fn(**args: Any) -> Any:
         return run_borrowed(ledger, op, reference, args, device)
 
-    return OpImpl(fn, reference.caps)
+    def backward(args: dict[str, Any], outputs: tuple, grad_outputs: tuple) -> tuple:
+        parts = {"args": tuple(args.values()), "outputs": outputs, "grad_outputs": grad_outputs}
+
+        def on_host(host: dict[str, Any]) -> tuple:
+            host_args = dict(zip(args, host["args"]))
+            return tuple(reference.backward(host_args, host["outputs"], host["grad_outputs"]))
+
+        return _on_host(ledger, op, on_host, parts, device)
+
+    has_backward = reference.backward is not None
+    return OpImpl(
+        fn,
+        reference.caps,
+        backward=backward if has_backward else None,
+        backward_forces=reference.backward_forces,
+    )

@@ -88,13 +88,23 @@ class OpImpl:
     optionally `prepare`: weight arguments (name -> tensor) -> the same weights in the backend's layout,
     run once at load by `Backend.prepare` (same logical shape, dtype and values).
 
-    `backward(args, outputs, grad_outputs)` -> one gradient per `OPS[op].grad_args`: a differentiable
-    op's gradients from its forward's own outputs, so training runs the forward once. Without it the
-    custom op recomputes the forward under autograd in the backward. `backward_forces`: forward
-    arguments the backward needs when a gradient will be taken (sparse attention: return_lse=True)."""
+    `backward(args, outputs, grad_outputs)` -> one gradient per `OPS[op].grad_args` (a tensor each, zeros
+    where none flows): the one way an op is differentiated, declared by every op whose caps claim
+    `differentiable`, from the saved inputs and the forward's own outputs (sparse attention's out and
+    lse, linear cross-entropy's per-row lse; indexer_logits saves none: None), so training runs each
+    forward once. It runs inside a custom op, without autograd: explicit formulas or the backend's own
+    backward kernels. `backward_forces`: forward arguments the backward needs when a gradient will be
+    taken (sparse attention: return_lse=True)."""
 
     fn: Callable[..., Any]
     caps: OpCaps
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     backward: Callable[[dict[str, Any], tuple, tuple], tuple] | None = None
     backward_forces: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.caps.differentiable and self.backward is None:
+            raise ValueError(
+                "backward: an op whose caps claim differentiable declares its backward "
+                "(OpImpl.backward(args, outputs, grad_outputs) -> one gradient per grad argument)"
+            )

@@ -1,11 +1,10 @@
 """What every `torch.ops.glm5.<op>` custom op runs on (backends/library.py registers them): the registry
 of live backend instances the ops reach by key, the SeqLayout's trip across the op boundary, the
-no-aliasing rule for outputs, and the recompute-and-differentiate backward.
+no-aliasing rule for outputs, and the call of a backend's declared backward (`OpImpl.backward`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import weakref
 from collections.abc import Sequence
@@ -67,42 +66,12 @@ def _run(key: str, op: str, args: dict[str, Any]) -> Any:
     return _fresh(instance(key).run(op, args), args)
 
 
-@contextlib.contextmanager
-def _autograd_inside_op():
-    """Autograd inside a custom op's implementation: the dispatcher excludes the autograd keys below an
-    op's autograd kernel, so a backward that recomputes its forward under autograd turns them back on."""
-    key = torch._C.DispatchKey.AutogradFunctionality
-    was = torch._C._dispatch_tls_is_dispatch_key_excluded(key)
-    torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
-    try:
-        with torch.enable_grad():
-            yield
-    finally:
-        torch._C._dispatch_tls_set_dispatch_key_excluded(key, was)
-
-
-def _grads(
-    key: str, op: str, args: dict[str, Any], grad_outputs: Sequence[Tensor | None], wrt: Sequence[str]
-):
-    """Gradients of the backend's forward w.r.t. `wrt`, by recomputing it under autograd."""
-    be = instance(key)
-    with _autograd_inside_op():
-        leaves = {n: args[n].detach().requires_grad_() for n in wrt}
-        out = be.run(op, {**args, **leaves}, phase="backward")
-        outs = out if isinstance(out, tuple) else (out,)
-        pairs = [
-            (o, g)
-            for o, g in zip(outs, grad_outputs)
-            if g is not None and isinstance(o, Tensor) and o.requires_grad and g.numel()
-        ]
-    got = (
-        torch.autograd.grad(
-            [o for o, _ in pairs], list(leaves.values()), [g for _, g in pairs], allow_unused=True
-        )
-        if pairs
-        else [None] * len(wrt)
-    )
-    return tuple(torch.zeros_like(leaves[n]) if g is None else g.detach() for n, g in zip(wrt, got))
+def run_backward(key: str, op: str, args: dict[str, Any], outputs: tuple, grad_outputs: tuple) -> tuple:
+    """The gradients of `op` (one per `OPS[op].grad_args`) by the backend's declared backward, from the
+    forward's saved outputs; none aliases an input, an output or an output gradient."""
+    grads = instance(key).run_backward(op, args, outputs, grad_outputs)
+    seen = {**args, **{f"out{i}": o for i, o in enumerate(outputs)}}
+    return _fresh(tuple(grads), {**seen, **{f"grad{i}": g for i, g in enumerate(grad_outputs)}})
 
 
 def _lib_op(name: str):

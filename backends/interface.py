@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from torch.overrides import has_torch_function
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from backends import custom_op, library
 from backends.borrow import BorrowLedger, borrowed_impl, check_names
@@ -51,20 +53,18 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _plain_eager(args: dict[str, Any]) -> bool:
-    """True when no tracer, mode or transform would see the op: not compiling or exporting, no torch
-    function / dispatch mode or functorch transform active, every tensor a plain tensor or parameter."""
-    if (
-        torch.compiler.is_compiling()
-        or torch._C._is_torch_function_mode_enabled()
-        or torch._C._len_torch_dispatch_stack()
-        or torch._C._are_functorch_transforms_active()
-    ):
+    """True when no tracer, mode or subclass would see the op (public torch predicates only): not
+    compiling or exporting, no torch dispatch mode active, every tensor a plain tensor or parameter with
+    no `__torch_function__` of its own and no torch function mode active. (A functorch transform needs no
+    check: `grad` makes the inputs require grad, so the call takes the custom op; vmap has no rule for a
+    custom op, so the plain implementation is the one that can run under it.)"""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or is_in_torch_dispatch_mode():
         return False
     tensors = arg_tensors(args)
     layout = args.get("layout")
     if isinstance(layout, SeqLayout):
         tensors += [t for t in layout.tensors() if t is not None]
-    return all(type(t) in _PLAIN for t in tensors)
+    return all(type(t) in _PLAIN for t in tensors) and not has_torch_function(tensors)
 
 
 class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.py)
@@ -243,23 +243,24 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
             if _plain_eager(args):
                 # nothing is tracing and no gradient is wanted: the custom op would only add its Python
                 # dispatch cost (about 15 us a call) to the same implementation
-                return self.run(op, args)
+                return library.as_asked(op, args, self.run(op, args))
         if wants_grad and impl.backward is not None and impl.backward_forces:
             # what the explicit backward reads (lse) is made by this forward, whatever the caller asked
             return library.as_asked(op, args, library.call(self.key, op, {**args, **impl.backward_forces}))
         return library.call(self.key, op, args)
 
     def run_backward(self, op: str, args: dict[str, Any], outputs: tuple, grad_outputs: tuple) -> tuple:
-        """The gradients of `op` from its forward's outputs (`OpImpl.backward`; called by the custom op)."""
+        """The gradients of `op` (one per `OPS[op].grad_args`) from its forward's saved outputs: the
+        backend's declared `OpImpl.backward` (called by the op's `<op>_backward` custom op)."""
         self.calls[f"{op}.backward"] += 1
         return self.impl(op).backward(args, outputs, grad_outputs)
 
-    def run(self, op: str, args: dict[str, Any], phase: str = "forward") -> Any:
+    def run(self, op: str, args: dict[str, Any]) -> Any:
         """Run this backend's implementation of `op` on validated arguments (called by the custom op)."""
-        self.calls[op if phase == "forward" else f"{op}.{phase}"] += 1
+        self.calls[op] += 1
         impl = self.impl(op)
         result = impl.fn(**args)
-        if self.shadow and phase == "forward" and op not in self.borrowed:  # borrowed: the reference itself
+        if self.shadow and op not in self.borrowed:  # borrowed: the reference itself
             from backends.shadow import shadow_check
 
             shadow_check(self.name, op, args, result, impl.caps.tie_rule)

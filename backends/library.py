@@ -7,9 +7,9 @@ backend instance named by the op's last argument (`Backend.key`), so one registr
 backend, built-in or plugin.
 
 A `SeqLayout` crosses the boundary as its tensors plus `max_seqlen_k` (-1: unknown). Differentiable
-ops get autograd through a `<op>_backward` custom op: the backend's explicit backward on the forward's
-saved outputs when it declares one (`OpImpl.backward`; cuda's sparse attention), else the backend's
-forward recomputed under autograd and differentiated (activation recomputation).
+ops get autograd one way: a `<op>_backward` custom op runs the backend's declared backward
+(`OpImpl.backward`) on the saved inputs and the forward's saved outputs (sparse attention's out and lse,
+linear cross-entropy's per-row lse), so a training step runs each forward once.
 
 Semantics of every op: backends/reference/<op>.py (docs/spec.md section 2).
 """
@@ -23,15 +23,13 @@ from torch import Tensor
 
 from backends.cache_layout import MLAPools
 from backends.custom_op import (
-    _fresh,
-    _grads,
     _layout,
     _lib_op,
     _run,
     attention_fake,
-    instance,
     layout_args,
     run_attention,
+    run_backward,
 )
 
 # -- indexer_logits (SPEC 2.1) ---------------------------------------------------------------------
@@ -74,7 +72,7 @@ def indexer_logits_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
     args = dict(q=q, k_cache=k_cache, weights=weights, layout=layout)
-    return _grads(backend, "indexer_logits", args, [grad], ("q", "k_cache", "weights"))
+    return run_backward(backend, "indexer_logits", args, (None,), (grad,))
 
 
 @indexer_logits_backward.register_fake
@@ -183,18 +181,17 @@ def sparse_mla_attention_backward(
     return_lse: bool,
     backend: str,
 ) -> tuple[Tensor, Tensor]:
-    """Explicit (`OpImpl.backward`, from the saved out and lse) when the backend has one and the forward
-    made lse; else the forward recomputed under autograd."""
+    """From the saved out and lse. The front door makes the forward return lse whenever a gradient will be
+    taken (`OpImpl.backward_forces`); only a direct call of the op with return_lse=False gets its lse
+    here, from one more forward."""
     layout = _layout(cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
     args = dict(
         q=q, kv_cache=kv_cache, indices=indices, layout=layout, sm_scale=sm_scale, d_v=d_v, return_lse=True
     )
-    grads = [d_out, d_lse if return_lse else None]
-    be = instance(backend)
-    if be.impl("sparse_mla_attention").backward is not None and return_lse and lse.numel():
-        dq, dkv = be.run_backward("sparse_mla_attention", args, (out, lse), tuple(grads))
-        return _fresh((dq, dkv), {**args, "out": out, "lse": lse, "d_out": d_out, "d_lse": d_lse})
-    return _grads(backend, "sparse_mla_attention", args, grads, ("q", "kv_cache"))
+    if not (return_lse and lse.numel()):
+        out, lse = _run(backend, "sparse_mla_attention", args)
+    grads = (d_out, d_lse if return_lse else None)
+    return run_backward(backend, "sparse_mla_attention", args, (out, lse), grads)
 
 
 @sparse_mla_attention_backward.register_fake
@@ -207,7 +204,7 @@ def _sparse_setup(ctx, inputs, output):
     ctx.scalars = inputs[7:]
 
 
-def _sparse_bwd(ctx, d_out, d_lse):
+def _sparse_bwd(ctx, d_out, d_lse):  # one gradient per input of the op
     dq, dkv = sparse_mla_attention_backward(d_out, d_lse, *ctx.saved_tensors, *ctx.scalars)
     return (dq, dkv) + (None,) * 10
 
@@ -343,7 +340,9 @@ def _(x, w, group_offsets, x_scale, w_scale, group_size, out_dtype, backend):
 @_lib_op("linear_cross_entropy")
 def linear_cross_entropy(
     h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, backend: str
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
+    """(loss, lse [N] fp32): lse, what the backward reads, is the op's second output (SPEC 2.9; empty [0]
+    from a backend without a backward); `Backend.linear_cross_entropy` returns the loss alone."""
     return _run(
         backend, "linear_cross_entropy", dict(h=h, weight=weight, targets=targets, ignore_index=ignore_index)
     )
@@ -351,29 +350,37 @@ def linear_cross_entropy(
 
 @linear_cross_entropy.register_fake
 def _(h, weight, targets, ignore_index, backend):
-    return h.new_empty((), dtype=torch.float32)
+    return h.new_empty((), dtype=torch.float32), h.new_empty((h.shape[0],), dtype=torch.float32)
 
 
 @_lib_op("linear_cross_entropy_backward")
 def linear_cross_entropy_backward(
-    grad: Tensor, h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, backend: str
+    grad: Tensor,
+    h: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    loss: Tensor,
+    lse: Tensor,
+    ignore_index: int,
+    backend: str,
 ) -> tuple[Tensor, Tensor]:
     args = dict(h=h, weight=weight, targets=targets, ignore_index=ignore_index)
-    return _grads(backend, "linear_cross_entropy", args, [grad], ("h", "weight"))
+    return run_backward(backend, "linear_cross_entropy", args, (loss, lse), (grad, None))
 
 
 @linear_cross_entropy_backward.register_fake
-def _(grad, h, weight, targets, ignore_index, backend):
+def _(grad, h, weight, targets, loss, lse, ignore_index, backend):
     return torch.empty_like(h), torch.empty_like(weight)
 
 
 def _lce_setup(ctx, inputs, output):
     h, weight, targets, ignore_index, backend = inputs
-    ctx.save_for_backward(h, weight, targets)
+    ctx.save_for_backward(h, weight, targets, *output)  # the loss and the per-row lse
+    ctx.mark_non_differentiable(output[1])
     ctx.scalars = (ignore_index, backend)
 
 
-def _lce_bwd(ctx, grad):
+def _lce_bwd(ctx, grad, _grad_lse):
     dh, dw = linear_cross_entropy_backward(grad, *ctx.saved_tensors, *ctx.scalars)
     return dh, dw, None, None, None
 
@@ -414,7 +421,10 @@ def call(key: str, op: str, args: dict[str, Any]) -> Any:
 
 def as_asked(op: str, args: dict[str, Any], out: Any) -> Any:
     """The custom op's result as the interface returns it for `args`: sparse attention's lse is None
-    unless return_lse (a schema has no optional outputs)."""
+    unless return_lse (a schema has no optional outputs); linear cross-entropy's loss alone (its lse is
+    for the backward)."""
     if op == "sparse_mla_attention" and not args.get("return_lse", True):
         return out[0], None
+    if op == "linear_cross_entropy":
+        return out[0]
     return out

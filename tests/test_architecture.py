@@ -24,7 +24,6 @@ MAX_LINES = 450
 PUBLIC_BACKENDS = {
     "backends",
     "backends.argcheck",
-    "backends.autograd",
     "backends.cache_layout",
     "backends.caps",
     "backends.custom_op",
@@ -34,6 +33,7 @@ PUBLIC_BACKENDS = {
     "backends.layout",
     "backends.library",
     "backends.limits",
+    "backends.linear_ce",
     "backends.moe",
     "backends.ops",
     "backends.registry",

@@ -4,17 +4,21 @@ Sequence-chunked like the reference: per chunk of rows the kernels compute the c
 (h @ W^T, fp32), each row's logsumexp and target logit; the backward recomputes a chunk's logits, turns
 them in place into (softmax - onehot) * dL/dloss / count, and accumulates dh = dL @ W and
 dW += dL^T @ h with the same strided matmul kernel. Peak extra memory is one [rows, V] fp32 chunk.
-The mean over counted rows is a torch sum of per-row losses (NaN with no counted row, as torch).
+The mean over counted rows is a torch sum of per-row losses (NaN with no counted row, as torch). The
+chunking and the declared backward (from the forward's saved lse) are backends/linear_ce.py's.
 Semantics: backends/reference/linear_cross_entropy.py (SPEC 2.9)
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from backends import linear_ce
 from backends.ascend._provider import OpsProvider
-from backends.autograd import ChunkedLinearCrossEntropy, LinearCEKernels, row_chunks
 from backends.caps import OpCaps, OpImpl
+from backends.linear_ce import LinearCEKernels, row_chunks
 from backends.ops import FLOATS
 
 # rows per chunk keep one chunk's fp32 logits under this many elements (the reference uses 2^24)
@@ -52,6 +56,7 @@ _KERNELS = LinearCEKernels(row_chunks(CHUNK_ELEMS), _forward, _backward)
 def impl(provider: OpsProvider) -> OpImpl:
     def linear_cross_entropy(h, weight, targets, ignore_index=-100):
         provider.record("linear_cross_entropy", provider.kernel_label("linear_cross_entropy"))
-        return ChunkedLinearCrossEntropy.apply(h, weight, targets, ignore_index, _KERNELS)
+        return linear_ce.forward(_KERNELS, h, weight, targets, ignore_index)
 
-    return OpImpl(linear_cross_entropy, OpCaps(FLOATS, differentiable=True))
+    backward = functools.partial(linear_ce.backward, _KERNELS)
+    return OpImpl(linear_cross_entropy, OpCaps(FLOATS, differentiable=True), backward=backward)

@@ -34,7 +34,7 @@ def fp8_indexer_logits(
         step = max(1, BLOCK_ELEMS // (h_i * s))
         for a in range(q0, q1, step):
             z = min(a + step, q1)
-            sc = scores(qf[a:z], keys, wf[a:z], grad=False).mul_(ks)
+            sc = scores(qf[a:z], keys, wf[a:z]).mul_(ks)
             causal = torch.arange(s)[None, :] < visible[a - q0 : z - q0, None]
             out[a:z, :s] = sc.masked_fill_(~causal, float("-inf"))
     return out

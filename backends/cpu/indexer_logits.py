@@ -1,6 +1,6 @@
 """cpu backend: indexer_logits (SPEC 2.1): per request, one GEMM of all heads' queries against the keys,
-ReLU in place, then the head-weighted sum as a batched GEMV. Differentiable through torch autograd (the
-in-place ReLU is used only without grad).
+ReLU in place, then the head-weighted sum as a batched GEMV. The backward is the reference's (declared as
+this op's `OpImpl.backward`: fp32 torch, from the output gradient).
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from backends.caps import OpCaps, OpImpl
 from backends.cpu._cache import causal_counts, keys_of_request
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
+from backends.reference.indexer_logits import backward as reference_backward
 
 # Bound the [tq, H_I, S] fp32 intermediate (elements): 16 MiB keeps it near the caches.
 BLOCK_ELEMS = 1 << 22
 
 
-def scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, grad: bool) -> torch.Tensor:
+def scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """q [tq, H_I, D_I] fp32, keys [s, D_I] fp32, weights [tq, H_I] fp32 -> [tq, s] fp32, no mask."""
     tq, h, d = q.shape
-    dots = torch.mm(q.reshape(tq * h, d), keys.T).view(tq, h, -1)
-    dots = torch.relu(dots) if grad else dots.relu_()
+    dots = torch.mm(q.reshape(tq * h, d), keys.T).view(tq, h, -1).relu_()
     return torch.bmm(weights[:, None, :], dots)[:, 0]
 
 
@@ -32,7 +32,6 @@ def indexer_logits(
     Semantics: backends/reference/indexer_logits.py (SPEC 2.1)
     """
     t, h_i, _ = q.shape
-    grad = torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or weights.requires_grad)
     bounds = layout.request_bounds()
     out = torch.full((t, max((s for _, _, s in bounds), default=0)), float("-inf"), dtype=torch.float32)
     qf, wf = q.float(), weights.float()
@@ -44,15 +43,13 @@ def indexer_logits(
         step = max(1, BLOCK_ELEMS // (h_i * s))
         for a in range(q0, q1, step):
             z = min(a + step, q1)
-            sc = scores(qf[a:z], keys, wf[a:z], grad)
             causal = torch.arange(s)[None, :] < visible[a - q0 : z - q0, None]
-            out[a:z, :s] = (
-                sc.masked_fill(~causal, float("-inf")) if grad else sc.masked_fill_(~causal, float("-inf"))
-            )
+            out[a:z, :s] = scores(qf[a:z], keys, wf[a:z]).masked_fill_(~causal, float("-inf"))
     return out
 
 
 IMPL = OpImpl(
     indexer_logits,
     OpCaps(FLOATS, ("ragged", "paged"), run_to_run=True, batch_invariant=True, differentiable=True),
+    backward=reference_backward,
 )

@@ -1,14 +1,18 @@
 """cpu backend: linear_cross_entropy (SPEC 2.9): chunked forward keeping only the per-row logsumexp, and a
 backward that recomputes each chunk's logits and turns them into the softmax gradient in place, so the
-[N, V] logits never exist at once. fp32 throughout (weight cast once per call).
+[N, V] logits never exist at once. fp32 throughout (weight cast once per call). The chunking and the
+declared backward are backends/linear_ce.py's.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from backends.autograd import ChunkedLinearCrossEntropy, LinearCEKernels, row_chunks
+from backends import linear_ce
 from backends.caps import OpCaps, OpImpl
+from backends.linear_ce import LinearCEKernels, row_chunks
 from backends.ops import FLOATS
 
 # Rows per chunk: one chunk's fp32 logits stay under this many elements (16 MiB).
@@ -39,14 +43,15 @@ _KERNELS = LinearCEKernels(row_chunks(CHUNK_ELEMS), _forward, _backward, cast=la
 
 def linear_cross_entropy(
     h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
-) -> torch.Tensor:
-    """h: [N, D] float; weight: [V, D] float; targets: int [N]. Returns a float32 scalar, differentiable
-    in h and weight; NaN with no counted target. Semantics: backends/reference/linear_cross_entropy.py
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h: [N, D] float; weight: [V, D] float; targets: int [N]. Returns (float32 scalar loss, NaN with no
+    counted target; lse float32 [N]). Semantics: backends/reference/linear_cross_entropy.py
     """
-    return ChunkedLinearCrossEntropy.apply(h, weight, targets, ignore_index, _KERNELS)
+    return linear_ce.forward(_KERNELS, h, weight, targets, ignore_index)
 
 
 IMPL = OpImpl(
     linear_cross_entropy,
     OpCaps(FLOATS, run_to_run=True, batch_invariant=True, differentiable=True),
+    backward=functools.partial(linear_ce.backward, _KERNELS),
 )

@@ -1,14 +1,13 @@
 """cpu backend: sparse_mla_attention (SPEC 2.4): per query block, one gather of the named latent rows
 (in the cache's dtype, cast once to fp32) and two batched GEMMs (scores, then probabilities x values),
-softmax in place between them. Without autograd the query blocks are spread over torch's intra-op thread
+softmax in place between them. The query blocks are spread over torch's intra-op thread
 count of Python threads, each block on one intra-op thread (`_parallel.py`: a loaded machine no longer
 makes it 3-6x slower than one thread, and the bits are the one-thread run's at any thread count).
 
 Backward (`backward`, what training runs through the custom op): from the forward's saved out and lse,
 per query block, the probabilities are recomputed from one more gather and GEMM with the saved lse,
 dS = P * (dP - sum_j P dP) + P * dlse, then dq and the gathered rows' dK / dV, summed into dkv with
-index_add_ (sequential on the CPU: deterministic). Called directly under autograd (no custom
-op), the forward is differentiated by torch autograd instead (without in-place ops).
+index_add_ (sequential on the CPU: deterministic). The forward itself never records autograd.
 """
 
 from __future__ import annotations
@@ -63,15 +62,6 @@ def _gathered(cache: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> t
     return keys.masked_fill(~valid[..., None], 0)
 
 
-def _block_grad(q, cache, rows, valid, sm_scale, d_v):
-    """q [tq, H, d_qk] fp32, rows/valid [tq, n] -> (out [tq, H, d_v] fp32, lse [tq, H]); autograd-safe."""
-    keys = _gathered(cache, rows, valid)
-    p = torch.bmm(q * sm_scale, keys.transpose(1, 2)).masked_fill(~valid[:, None, :], float("-inf"))
-    lse = torch.logsumexp(p, dim=-1)
-    shift = torch.where(torch.isneginf(lse), 0.0, lse)[..., None]
-    return torch.bmm(torch.exp(p - shift), keys[..., :d_v]), lse
-
-
 class _Workspace:
     """Buffers reused across query blocks: a fresh multi-MiB gather or score tensor per block costs
     more in page faults than the copy or GEMM that fills it."""
@@ -113,16 +103,10 @@ def sparse_mla_attention(
     """
     t, h, d_qk = q.shape
     n = indices.shape[1]
-    grad = torch.is_grad_enabled() and (q.requires_grad or kv_cache.requires_grad)
     out = torch.zeros(t, h, d_v)  # rows of requests with no keys stay 0, their lse -inf
     lse = torch.full((t, h), float("-inf"))
     step = max(1, GATHER_ELEMS // max(1, n * d_qk))
-    qf = q.float()
-    if grad:  # slice writes of autograd outputs: the graph goes through them (one thread, in order)
-        for a, z, rows, valid in query_blocks(layout, indices, kv_cache, step):
-            out[a:z], lse[a:z] = _block_grad(qf[a:z], kv_cache, rows, valid, sm_scale, d_v)
-        return out.to(q.dtype), (lse if return_lse else None)
-    qf = qf * sm_scale
+    qf = q.float() * sm_scale
 
     def block(args) -> None:  # per thread workspace (its buffers are thread-local)
         a, z, rows, valid = args

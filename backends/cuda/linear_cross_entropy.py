@@ -8,19 +8,24 @@ d logits is rounded to bf16 and each chunk's products, accumulated in fp32 by th
 gradient buffers). So at most one chunk of fp32 logits exists at a time (CHUNK_ELEMS elements), never
 [N, V]. Loss = sum(nll) / count: NaN when no target is counted (as the reference and torch), and then
 zero gradients.
-The chunking and the autograd.Function are backends/autograd.py's ChunkedLinearCrossEntropy.
+The chunking and the declared backward (from the forward's saved lse) are backends/linear_ce.py's.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from backends.autograd import ChunkedLinearCrossEntropy, LinearCEKernels, row_chunks
+from backends import linear_ce
 from backends.caps import OpCaps, OpImpl
+from backends.linear_ce import LinearCEKernels, row_chunks
 from backends.ops import FLOATS
 
 #: fp32 logits elements per chunk (256 MiB)
 CHUNK_ELEMS = 1 << 26
+#: rows per chunk instead of CHUNK_ELEMS (read at each call: tests set it to force chunking)
+CHUNK_ROWS: int | None = None
 
 
 def _cast(h, weight):
@@ -47,31 +52,38 @@ def _backward(h, w, targets, ignore_index, lse, scale):
     return (d @ w.to(gemm_dtype)).float(), (d.T @ h.to(gemm_dtype)).float()
 
 
-def _kernels(chunk_rows: int | None) -> LinearCEKernels:
+def _kernels() -> LinearCEKernels:
     def chunks(n: int, v: int):
-        if chunk_rows:
-            return [slice(a, min(a + chunk_rows, n)) for a in range(0, n, chunk_rows)]
+        rows = CHUNK_ROWS
+        if rows:
+            return [slice(a, min(a + rows, n)) for a in range(0, n, rows)]
         return row_chunks(CHUNK_ELEMS, 128)(n, v)  # whole 128-row GEMM tiles
 
     return LinearCEKernels(chunks, _forward, _backward, cast=_cast)
 
 
-def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         ignore_index: int = -100, chunk_rows: int | None = None) -> torch.Tensor:
-    """h: [N, D] float, weight: [V, D] float, targets: int [N] -> mean cross-entropy, float32 scalar,
-    differentiable in h and weight. chunk_rows overrides the chunk size (tests use it to force chunking).
+_KERNELS = _kernels()
+
+
+def linear_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h: [N, D] float, weight: [V, D] float, targets: int [N] -> (mean cross-entropy, float32 scalar;
+    lse float32 [N], what the declared backward reads).
 
     Semantics: backends/reference/linear_cross_entropy.py (SPEC 2.9)
     """
-    return ChunkedLinearCrossEntropy.apply(h, weight, targets, ignore_index, _kernels(chunk_rows))
+    return linear_ce.forward(_KERNELS, h, weight, targets, ignore_index)
 
 
-def _linear_cross_entropy(h, weight, targets, ignore_index=-100):
-    return linear_cross_entropy(h, weight, targets, ignore_index)
-
-
-IMPL = OpImpl(_linear_cross_entropy, OpCaps(
-    FLOATS, differentiable=True,
-    # the mean's fp32 sum runs over all rows, so one row's contribution is not bitwise batch-independent
-    batch_invariant=False,
-    limits={"peak logits": f"{CHUNK_ELEMS} fp32 elements per chunk"}))
+IMPL = OpImpl(
+    linear_cross_entropy,
+    OpCaps(
+        FLOATS,
+        differentiable=True,
+        # the mean's fp32 sum runs over all rows, so one row's contribution is not bitwise batch-independent
+        batch_invariant=False,
+        limits={"peak logits": f"{CHUNK_ELEMS} fp32 elements per chunk"},
+    ),
+    backward=functools.partial(linear_ce.backward, _KERNELS),
+)

@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from backends.autograd import SparseMLAFunction
 from backends.caps import OpCaps, OpImpl
 from backends.layout import SeqLayout
 from backends.limits import Limit
@@ -73,10 +72,7 @@ def sparse_mla_attention(
     Returns (out [T, H, d_v] dtype of q, lse [T, H] float32). Differentiable in q and kv_cache.
     Semantics: backends/reference/sparse_mla_attention.py (SPEC 2.4)
     """
-    if torch.is_grad_enabled() and (q.requires_grad or kv_cache.requires_grad):
-        out, lse = SparseMLAFunction.apply(q, kv_cache, indices, layout, sm_scale, d_v, _forward, _backward)
-    else:
-        out, lse = _forward(q, kv_cache, indices, layout, sm_scale, d_v)
+    out, lse = _forward(q, kv_cache, indices, layout, sm_scale, d_v)
     return out, (lse if return_lse else None)
 
 

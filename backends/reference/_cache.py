@@ -29,6 +29,17 @@ def gather_rows(
     return flat.index_select(0, rows.to(flat.device)).reshape(*positions.shape, cache.shape[-1])
 
 
+def keys_at(
+    cache: torch.Tensor, layout: SeqLayout, b: int, positions: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows of `cache.flatten(0, -2)` at the valid positions [n valid], the keys [*positions.shape, D]
+    fp32 with zeros where not valid): what a backward reads and where it adds its row gradients."""
+    flat = cache.reshape(-1, cache.shape[-1])
+    rows = layout.physical_rows(b, positions[valid], cache).to(flat.device)
+    keys = flat.new_zeros((*positions.shape, flat.shape[-1]), dtype=torch.float32)
+    return rows, keys.index_put((valid,), flat.index_select(0, rows).float())
+
+
 def causal_counts(t_b: int, s_b: int) -> torch.Tensor:
     """Number of keys each of a request's t_b queries may see (right-down causality): [t_b] int64."""
     i = torch.arange(t_b)

@@ -3,7 +3,10 @@
     logits[t, j] = sum_h weights[t, h] * relu(dot(q[t, h], key_j))   causal j; else -inf
 
 fp32 accumulation whatever the input dtype; ReLU before the (possibly negative) head weights.
-Differentiable in q, k_cache (ragged) and weights.
+Differentiable in q, k_cache and weights: `backward` (the op's declared backward), with g the output
+gradient on causal keys, r = relu(dot(q[t, h], key_j)):
+    dweights[t, h] = sum_j g[t, j] r,  dq[t, h] = sum_j g[t, j] w[t, h] [r > 0] key_j,
+    dkey_j = sum_{t, h} g[t, j] w[t, h] [r > 0] q[t, h]   (fp32)
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from backends.counters import reference_op
 from backends.intra_op import one_thread
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
-from backends.reference._cache import causal_counts, keys_of_request
+from backends.reference._cache import causal_counts, keys_at, keys_of_request
 
 # Bound the [tq, H_I, S] fp32 intermediate (elements).
 _BLOCK_ELEMS = 1 << 25
@@ -65,4 +68,32 @@ def indexer_logits(
     return out
 
 
-IMPL = OpImpl(indexer_logits, OpCaps(FLOATS, ("ragged", "paged"), differentiable=True))
+def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Tensor, ...]:
+    """(dq, dk_cache, dweights) like (q, k_cache, weights) from the output gradient (no saved output)."""
+    q, k_cache, weights, layout = args["q"], args["k_cache"], args["weights"], args["layout"]
+    (grad,) = grad_outputs
+    t, h_i, d = q.shape
+    dq = torch.zeros(t, h_i, d)
+    dw = torch.zeros(t, h_i)
+    dflat = torch.zeros(k_cache.numel() // d, d)
+    qf, wf = q.float(), weights.float()
+    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
+        if q1 == q0 or s == 0:
+            continue
+        positions = torch.arange(s)
+        rows, keys = keys_at(k_cache, layout, b, positions, torch.ones(s, dtype=torch.bool))  # [S_b, D_I]
+        visible = causal_counts(q1 - q0, s)
+        step = max(1, _BLOCK_ELEMS // (h_i * s))
+        for a in range(q0, q1, step):
+            z = min(a + step, q1)
+            causal = positions[None, :] < visible[a - q0 : z - q0, None]
+            g = grad[a:z, :s].float().masked_fill(~causal, 0.0)  # [tq, S_b]
+            dots = torch.einsum("thd,sd->ths", qf[a:z], keys)
+            dw[a:z] = torch.einsum("ts,ths->th", g, dots.clamp_min(0.0))
+            d_dots = (g[:, None, :] * wf[a:z, :, None]).masked_fill(dots <= 0, 0.0)  # relu's gradient
+            dq[a:z] = torch.einsum("ths,sd->thd", d_dots, keys)
+            dflat.index_add_(0, rows, torch.einsum("ths,thd->sd", d_dots, qf[a:z]))
+    return dq.to(q.dtype), dflat.view(k_cache.shape).to(k_cache.dtype), dw.to(weights.dtype)
+
+
+IMPL = OpImpl(indexer_logits, OpCaps(FLOATS, ("ragged", "paged"), differentiable=True), backward=backward)

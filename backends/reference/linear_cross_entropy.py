@@ -2,20 +2,23 @@
 
     loss = mean_{i : targets[i] != ignore_index} ( logsumexp_v(h[i] @ W[v]) - h[i] @ W[targets[i]] )
 
-fp32 throughout. The forward keeps only the per-row logsumexp; the backward recomputes each chunk's
-logits, so the [N, V] fp32 logits never exist at once (the chunking is backends/autograd.py's
-ChunkedLinearCrossEntropy, shared by every backend; this file gives the per-chunk math). With no
+fp32 throughout. The forward returns (loss, lse [N]), keeping only the per-row logsumexp; the declared
+backward recomputes each chunk's logits from it, so the [N, V] fp32 logits never exist at once (the
+chunking is backends/linear_ce.py, shared by every backend; this file gives the per-chunk math). With no
 counted target the loss is NaN (as torch.nn.functional.cross_entropy) and the gradients are zero.
 `linear_cross_entropy_naive` is the plain definition; tests check the two agree.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from backends.autograd import ChunkedLinearCrossEntropy, LinearCEKernels, row_chunks
+from backends import linear_ce
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.linear_ce import LinearCEKernels, row_chunks
 from backends.ops import FLOATS
 
 # Rows per chunk are chosen so one chunk's fp32 logits stay under this many elements.
@@ -56,8 +59,13 @@ _KERNELS = LinearCEKernels(_chunks, _forward, _backward, cast=lambda h, w: (h, w
 @reference_op("linear_cross_entropy")
 def linear_cross_entropy(
     h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
-) -> torch.Tensor:
-    return ChunkedLinearCrossEntropy.apply(h, weight, targets, ignore_index, _KERNELS)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean loss fp32 scalar, lse fp32 [N]); the front door returns the loss alone."""
+    return linear_ce.forward(_KERNELS, h, weight, targets, ignore_index)
 
 
-IMPL = OpImpl(linear_cross_entropy, OpCaps(FLOATS, differentiable=True))
+IMPL = OpImpl(
+    linear_cross_entropy,
+    OpCaps(FLOATS, differentiable=True),
+    backward=functools.partial(linear_ce.backward, _KERNELS),
+)

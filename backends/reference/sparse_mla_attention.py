@@ -7,7 +7,9 @@
     empty valid(t): out = 0, lse = -inf
 
 Only rows named by a valid index are read (unused rows may hold NaN). Duplicates count twice.
-The backward is autograd of this forward (differentiable in q and kv_cache).
+Differentiable in q and kv_cache: `backward` (the op's declared backward) from the saved lse,
+    p = exp(s - lse), dS = p * (dP - sum_j p dP) + p * dlse,  dq = sm_scale * dS K,
+    dK_j += sm_scale * dS^T q,  dK_j[:d_v] += p^T dO   (rows summed in index order, fp32)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
-from backends.reference._cache import gather_rows
+from backends.reference._cache import gather_rows, keys_at
 
 # Bound the gathered [tq, topk, d_qk] fp32 keys (elements).
 _GATHER_ELEMS = 1 << 24
@@ -58,4 +60,41 @@ def sparse_mla_attention(
     return out, (lse if return_lse else None)
 
 
-IMPL = OpImpl(sparse_mla_attention, OpCaps(FLOATS, ("ragged", "paged", "pools"), differentiable=True))
+def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dq like q, dkv like kv_cache) from the forward's lse and (d_out, d_lse or None)."""
+    q, kv_cache, indices, layout = args["q"], args["kv_cache"], args["indices"], args["layout"]
+    sm_scale, d_v = args["sm_scale"], args["d_v"]
+    (_, lse), (d_out, d_lse) = outputs, grad_outputs
+    t, h, d_qk = q.shape
+    n_idx = indices.shape[1]
+    dq = torch.zeros(t, h, d_qk)
+    dflat = torch.zeros(kv_cache.numel() // d_qk, d_qk)
+    d_out = torch.zeros(t, h, d_v) if d_out is None else d_out.float()
+    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
+        step = max(1, _GATHER_ELEMS // max(1, n_idx * d_qk))
+        for a in range(q0, q1, step):
+            z = min(a + step, q1)
+            idx = indices[a:z].to(torch.int64)
+            valid = (idx >= 0) & (idx < s)
+            rows, keys = keys_at(kv_cache, layout, b, idx, valid)  # [n valid], [tq, topk, d_qk] fp32
+            qa = q[a:z].float()
+            p = torch.einsum("thd,tkd->thk", qa, keys) * sm_scale
+            shift = torch.where(torch.isneginf(lse[a:z]), 0.0, lse[a:z])[..., None]
+            p = torch.exp(p - shift).masked_fill(~valid[:, None, :], 0.0)  # softmax [tq, H, topk]
+            dp = torch.einsum("thd,tkd->thk", d_out[a:z], keys[..., :d_v])
+            ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+            if d_lse is not None:
+                ds = ds + p * d_lse[a:z].float()[..., None]
+            dq[a:z] = torch.einsum("thk,tkd->thd", ds, keys) * sm_scale
+            dk = torch.einsum("thk,thd->tkd", ds, qa) * sm_scale
+            dk[..., :d_v] += torch.einsum("thk,thd->tkd", p, d_out[a:z])
+            dflat.index_add_(0, rows, dk[valid])
+    return dq.to(q.dtype), dflat.view(kv_cache.shape).to(kv_cache.dtype)
+
+
+IMPL = OpImpl(
+    sparse_mla_attention,
+    OpCaps(FLOATS, ("ragged", "paged", "pools"), differentiable=True),
+    backward=backward,
+    backward_forces={"return_lse": True},
+)

@@ -1,7 +1,7 @@
 """SPEC 2.9 linear + cross-entropy as an ONNX function (forward only): a Loop over row chunks, each
 computing its [n, V] fp32 logits, a max-shifted logsumexp and the target logit, so the [N, V]
-logits never exist at once. A chunk holds at most `chunk_elems` logits (the backend passes 2^24,
-as the reference).
+logits never exist at once; the per-row lse is the second output (what a backward reads). A chunk
+holds at most `chunk_elems` logits (the backend passes 2^24, as the reference).
 
     loss = sum_{i counted} (lse_i - logit_i[target_i]) / count      (count 0: 0 / 0 = NaN, as torch)
 """
@@ -12,8 +12,8 @@ from backends.onnxruntime.functions._opsets import F32, I64, glm5, op
 
 
 @script(glm5)
-def linear_cross_entropy(h, weight, targets, ignore_index: int, chunk_elems: int) -> FLOAT:
-    """h [N, D] float, weight [V, D] float, targets [N] int -> scalar fp32 mean loss.
+def linear_cross_entropy(h, weight, targets, ignore_index: int, chunk_elems: int) -> tuple[FLOAT, FLOAT]:
+    """h [N, D] float, weight [V, D] float, targets [N] int -> (scalar fp32 mean loss, lse fp32 [N]).
     Semantics: backends/reference/linear_cross_entropy.py (SPEC 2.9)"""
     wt = op.Transpose(op.Cast(weight, to=F32), perm=[1, 0])  # [D, V]
     tgt = op.Cast(targets, to=I64)
@@ -30,6 +30,7 @@ def linear_cross_entropy(h, weight, targets, ignore_index: int, chunk_elems: int
     )
     n_chunks = op.Squeeze(op.Div(op.Add(n, op.Sub(step, op.Constant(value_ints=[1]))), step))
     total = op.Constant(value_float=0.0)
+    lses = op.Cast(op.ConstantOfShape(op.Constant(value_ints=[0])), to=F32)  # [0], grows by each chunk
     zero = op.Constant(value_ints=[0])
     last = op.Constant(value_ints=[-1])
     for i in range(n_chunks):
@@ -45,4 +46,5 @@ def linear_cross_entropy(h, weight, targets, ignore_index: int, chunk_elems: int
             op.Constant(value_float=0.0),
         )
         total = op.Add(total, op.ReduceSum(nll, keepdims=0))
-    return op.Div(total, op.ReduceSum(op.Cast(counted, to=F32), keepdims=0))
+        lses = op.Concat(lses, op.Squeeze(lse, last), axis=0)
+    return op.Div(total, op.ReduceSum(op.Cast(counted, to=F32), keepdims=0)), lses

@@ -46,11 +46,14 @@ def test_explicit_backward_matches_reference_without_recompute(cpu, ref, monkeyp
     g = torch.Generator().manual_seed(1)
     d_out, d_lse = torch.randn(6, 4, 64, generator=g), torch.randn(6, 4, generator=g)
     want = _grads(ref, q, cache, idx, layout, d_out, d_lse, return_lse)
-    recomputed = []
-    real = cpu_attn._block_grad
-    monkeypatch.setattr(cpu_attn, "_block_grad", lambda *a: recomputed.append(1) or real(*a))
+    blocks = []
+    real = cpu_attn._Workspace.block
+    monkeypatch.setattr(cpu_attn._Workspace, "block", lambda *a: blocks.append(1) or real(*a))
+    with torch.no_grad():
+        cpu.sparse_mla_attention(q, cache, idx, layout, 0.1, 64)
+    per_forward, blocks[:] = len(blocks), []
     got = _grads(cpu, q, cache, idx, layout, d_out, d_lse, return_lse)
-    assert not recomputed  # the forward ran once, without autograd; the backward read its out and lse
+    assert len(blocks) == per_forward  # the forward ran once; the backward read its out and lse
     for g_, w in zip(got, want, strict=True):
         assert torch.isfinite(g_).all()
         torch.testing.assert_close(g_, w, rtol=1e-5, atol=1e-6)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.cuda.linear_cross_entropy import linear_cross_entropy as chunked
-from backends.reference.linear_cross_entropy import linear_cross_entropy as reference
+import backends
+from backends.cuda import linear_cross_entropy as cuda_lce
 from tests.backends.cuda.conftest import skip_bf16_interpreted
+
+reference = backends.get("reference").linear_cross_entropy
 
 #: loss and gradient tolerances: fp32 sums in another order than the reference (SPEC 4 defaults, fp32 loosened
 #: to the conformance suite's reduction tolerance)
@@ -27,18 +29,28 @@ def _inputs(n, d, v, dtype, seed=0, ignored=(1, 3)):
     return h, w, t
 
 
-def _loss_and_grads(fn, h, w, t, device, **kw):
+def _loss_and_grads(fn, h, w, t, device, chunk_rows=None, **kw):
+    """fn's loss and gradients; chunk_rows: the cuda backend's rows per chunk for this call."""
     h = h.to(device).requires_grad_()
     w = w.to(device).requires_grad_()
-    loss = fn(h, w, t.to(device), **kw)
-    loss.backward()
+    was, cuda_lce.CHUNK_ROWS = cuda_lce.CHUNK_ROWS, chunk_rows
+    try:
+        loss = fn(h, w, t.to(device), **kw)
+        loss.backward()
+    finally:
+        cuda_lce.CHUNK_ROWS = was
     return loss.detach().cpu(), h.grad.cpu(), w.grad.cpu()
+
+
+@pytest.fixture
+def chunked(cuda):
+    return cuda.linear_cross_entropy
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n,d,v,chunk_rows",
                          [(10, 16, 50, None), (37, 24, 300, 8), (5, 8, 7, 2), (9, 32, 4100, 4)])
-def test_chunked_loss_and_grads_match_reference(device, dtype, n, d, v, chunk_rows):
+def test_chunked_loss_and_grads_match_reference(chunked, device, dtype, n, d, v, chunk_rows):
     skip_bf16_interpreted(dtype)
     h, w, t = _inputs(n, d, v, dtype, seed=n + v)
     got = _loss_and_grads(chunked, h, w, t, device, chunk_rows=chunk_rows)
@@ -48,7 +60,7 @@ def test_chunked_loss_and_grads_match_reference(device, dtype, n, d, v, chunk_ro
         torch.testing.assert_close(a, r, rtol=rtol, atol=atol)
 
 
-def test_chunking_does_not_change_the_result_much(device):
+def test_chunking_does_not_change_the_result_much(chunked, device):
     h, w, t = _inputs(24, 16, 70, torch.float32, seed=1)
     whole = _loss_and_grads(chunked, h, w, t, device)
     for rows in (1, 5, 23):
@@ -62,9 +74,9 @@ def test_backend_call_counts_launches_and_is_differentiable(cuda, device, launch
     loss = cuda.linear_cross_entropy(h, w, t.to(device))
     assert launches()["linear_cross_entropy"] == 2          # logits GEMM + logsumexp
     loss.backward()
-    # the custom op's backward recomputes the forward under autograd (+2, backends/library.py), then the
-    # chunked backward recomputes each chunk's logits and turns them into the gradient in place (+2)
-    assert launches()["linear_cross_entropy"] == 6
+    # the declared backward alone: each chunk's logits again and the gradient in place (+2); the forward
+    # does not run again (it did through the recompute backward: 6 launches)
+    assert launches()["linear_cross_entropy"] == 4
     assert h.grad.shape == h.shape and w.grad.shape == w.shape
 
 
@@ -77,7 +89,7 @@ def test_no_counted_target_gives_nan_and_zero_grads(cuda, device):
     assert empty.isnan()
 
 
-def test_int32_targets_and_custom_ignore_index(device):
+def test_int32_targets_and_custom_ignore_index(chunked, device):
     h, w, t = _inputs(8, 8, 10, torch.float32, ignored=())
     t[2] = 3
     got = _loss_and_grads(chunked, h, w, t.int(), device, ignore_index=3)

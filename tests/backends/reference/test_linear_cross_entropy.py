@@ -16,10 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import backends
-from backends.reference.linear_cross_entropy import linear_cross_entropy, linear_cross_entropy_naive
+from backends.reference.linear_cross_entropy import linear_cross_entropy_naive
 
 # the package re-exports the function under the module's name
 lce_mod = importlib.import_module("backends.reference.linear_cross_entropy")
+# through the front door: the op's declared backward (the module's function returns (loss, lse))
+linear_cross_entropy = backends.get("reference").linear_cross_entropy
 
 
 def full_logits_ce(h, weight, targets, ignore_index=-100):
