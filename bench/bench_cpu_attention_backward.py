@@ -1,6 +1,7 @@
 """A training step's sparse MLA attention (forward + backward) on the cpu backend: the explicit backward
-(`OpImpl.backward`, from the forward's saved out and lse) against the recomputing backward it replaced (the
-same backend with `backward` removed: the custom op reruns the forward under autograd), same run.
+(`OpImpl.backward`, from the forward's saved out and lse) against the reference's declared backward on
+the same saved outputs (the same backend with the reference's `backward`; the recomputing backward the
+2026-12-01 figures compared with no longer exists), same run.
 
 Shape: one request of --keys keys, --tokens queries, H 16 heads of d_qk 576 / d_v 512 (GLM-5's latent
 widths), top-512 causal keys per query. Rounds interleave the variants; medians of --runs rounds.
@@ -36,8 +37,10 @@ def main() -> None:
     explicit = backends.get("cpu")
     recompute = CpuBackend()
     recompute.ops = dict(recompute.ops)
+    from backends.reference.sparse_mla_attention import backward as reference_backward
+
     recompute.ops["sparse_mla_attention"] = dataclasses.replace(
-        recompute.ops["sparse_mla_attention"], backward=None, backward_forces=None
+        recompute.ops["sparse_mla_attention"], backward=reference_backward
     )
     g = torch.Generator().manual_seed(0)
     t, s, h, topk = a.tokens, a.keys, 16, 512
