@@ -164,6 +164,7 @@ def _rowwise(lin: nn.Linear, group: Group) -> None:
 
 
 def _attention(attn: nn.Module, group: Group) -> None:
+    attn.head_group = group  # whose heads sum to the whole layer (the DSA teacher reads it; survives FSDP)
     _split_linear(attn.q_b_proj, "heads", 0, group, attn.nope + attn.rope)
     _split_linear(attn.kv_b_proj, "heads", 0, group, attn.nope + attn.v_dim)
     attn.q_b_proj.register_forward_pre_hook(_enter_input(group))

@@ -22,7 +22,6 @@ from torch import nn
 from glm5.attention import MLAAttention, Step
 from glm5.moe import Router
 from glm5.parallel.group import Group, Single
-from glm5.parallel.plan import group_of
 from glm5.train.activations import recomputing
 
 STAGES = ("warmup", "sparse")
@@ -74,7 +73,7 @@ class AttentionProbe:
         if self.stage is not None and mod.indexer is not None:
             logits = _indexer_logits(mod, x.detach(), qr, step)  # [T, S] fp32, grad to the indexer only
             # under tensor parallel q holds this rank's heads: the teacher sums over every rank's heads
-            heads = group_of(mod.q_b_proj.weight) or Single()
+            heads = getattr(mod, "head_group", None) or Single()
             if self.stage == "warmup":
                 term = _dense_kl(q, rows, logits, step, mod.sm_scale, heads)
             else:
