@@ -28,10 +28,17 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, fn: Callable, args: tuple, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        OMP_NUM_THREADS="1",
+    )  # what torchrun sets: DeviceMesh and FSDP2 read them
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+        dist.init_process_group("gloo", rank=rank, world_size=world)
         try:
             # plain pickle bytes: a tensor sent through the queue as shared memory dies with this process
             queue.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
