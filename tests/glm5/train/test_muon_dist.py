@@ -20,9 +20,8 @@ from glm5.train.muon_dist import (
     assign_owners,
     build_distributed_optimizers,
     chunk_ranges,
-    muon_bytes,
-    muon_params,
 )
+from glm5.train.muon_figures import muon_bytes, muon_params
 from tests.glm5._util import make_model
 from tests.ranks import run_ranks
 
