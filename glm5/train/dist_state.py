@@ -36,8 +36,8 @@ from torch.distributed.tensor import DTensor, Shard
 from glm5 import fsio
 from glm5.checkpoint import open_tensors, read_config, read_json
 from glm5.config import GLM5Config
-from glm5.train.pipeline import pipeline_part
 from glm5.train.pipeline_run import merged_optimizer_meta
+from glm5.train.pipeline_stages import pipeline_part
 from glm5.train.state import LATEST, STAGING, TRAINER, checkpoints, rng_state, set_rng_state
 
 MODEL = "model"

@@ -35,11 +35,10 @@ from glm5.train.distributed import Dist, local
 from glm5.train.dsa import ExpertBalancer
 from glm5.train.mesh import Mesh
 from glm5.train.muon import build_optimizers
-from glm5.train.pipeline import (
+from glm5.train.pipeline import Pipeline, build_pipeline
+from glm5.train.pipeline_stages import (
     MTP_STAGES,
     SCHEDULES,
-    Pipeline,
-    build_pipeline,
     pipeline_part,
     plan_stages,
     rank_stages,

@@ -213,7 +213,7 @@ def test_indexer_warmup_stage_gradients_bitwise(agreement):
 
 
 def test_plan_passes_top_k_only_into_a_stage_that_starts_with_a_shared_layer():
-    from glm5.train.pipeline import plan_stages
+    from glm5.train.pipeline_stages import plan_stages
 
     model = _model()  # tiny: indexer types full, full, shared, full
     last = plan_stages(model, 2, "last")
@@ -238,7 +238,7 @@ def test_plan_passes_top_k_only_into_a_stage_that_starts_with_a_shared_layer():
     ],
 )
 def test_plan_refuses_a_bad_split_in_one_line(kwargs, message):
-    from glm5.train.pipeline import plan_stages
+    from glm5.train.pipeline_stages import plan_stages
 
     with pytest.raises(ValueError, match=message) as err:
         plan_stages(_model(), **kwargs)
