@@ -91,6 +91,7 @@ OPS: dict[str, OpSpec] = {
             _grouped_dtype,
             v.check_grouped_matmul,
             v.values_grouped_matmul,
+            grad_args=("x", "w"),  # the float variant (integer tensors carry no gradient)
         ),
         OpSpec(
             "linear_cross_entropy",

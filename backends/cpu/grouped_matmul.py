@@ -3,7 +3,8 @@
 Float variants accumulate in fp32 (bf16/fp16 through oneDNN's fp32-accumulating GEMM); a row's result
 can then depend on how many rows share its expert (BLAS blocks by M), so batch invariance is not claimed
 for them (the reference pays fp64 for it). Quantized variants are the exact W8A8 / W4A8 paths, bitwise
-the reference's and batch invariant.
+the reference's and batch invariant. The float variant is differentiable in x and w (`backward`: one
+GEMM pair per non-empty expert, accumulated as the forward's).
 """
 
 from __future__ import annotations
@@ -55,6 +56,29 @@ def grouped_matmul(
     return out
 
 
+def _mm(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """a @ b in dtype, accumulated as the forward's GEMMs (oneDNN fp32 accumulation for bf16/fp16)."""
+    if a.dtype == b.dtype == dtype and dtype != torch.float32:
+        return torch.mm(a, b)
+    return torch.mm(a.float(), b.float()).to(dtype)
+
+
+def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of the float variant: dx[rows of e] = dy @ w[e], dw[e] = dy^T @ x[rows of e] (zero for
+    an expert with no rows). Semantics: backends/reference/grouped_matmul.py"""
+    x, w, offs = args["x"], args["w"], args["group_offsets"].tolist()
+    (grad,) = grad_outputs
+    dx = torch.zeros_like(x, memory_format=torch.contiguous_format)
+    dw = torch.zeros_like(w, memory_format=torch.contiguous_format)
+    for e in range(w.shape[0]):
+        a, z = offs[e], offs[e + 1]
+        if a == z:
+            continue
+        dx[a:z] = _mm(grad[a:z], w[e], x.dtype)
+        dw[e] = _mm(grad[a:z].T, x[a:z], w.dtype)
+    return dx, dw
+
+
 IMPL = OpImpl(
     grouped_matmul,
     OpCaps(
@@ -65,5 +89,7 @@ IMPL = OpImpl(
         },
         run_to_run=True,
         batch_invariant=False,
+        differentiable=True,
     ),
+    backward=backward,
 )

@@ -4,6 +4,13 @@
 
 Each row depends only on itself and its expert's weight, so token order inside an expert and empty
 experts change nothing. Quantized variants are the per-row W8A8 / W4A8 GEMMs of SPEC 2.6 / 2.7.
+
+The float variant is differentiable in x and w (`backward`): with dy the output gradient,
+
+    dx[rows of e] = dy[rows of e] @ w[e]        dw[e] = dy[rows of e]^T @ x[rows of e]
+
+(an expert with no rows gets a zero dw[e]; rows outside every expert a zero dx). The quantized
+variants are not differentiable (their integer x and w carry no gradient).
 """
 
 from __future__ import annotations
@@ -46,4 +53,21 @@ def grouped_matmul(
     return out
 
 
-IMPL = OpImpl(grouped_matmul, OpCaps(FLOATS + ("w8a8", "w4a8")))
+def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) like (x, w) of the float variant from the output gradient (no saved output); fp64 sums,
+    as the forward's."""
+    x, w, offs = args["x"], args["w"], args["group_offsets"].tolist()
+    (grad,) = grad_outputs
+    dx = torch.zeros(x.shape, dtype=torch.float64)
+    dw = torch.zeros(w.shape, dtype=torch.float64)
+    for e in range(w.shape[0]):
+        r = slice(offs[e], offs[e + 1])
+        if offs[e] == offs[e + 1]:
+            continue
+        dy = grad[r].double()
+        dx[r] = dy @ w[e].double()
+        dw[e] = dy.T @ x[r].double()
+    return dx.to(x.dtype), dw.to(w.dtype)
+
+
+IMPL = OpImpl(grouped_matmul, OpCaps(FLOATS + ("w8a8", "w4a8"), differentiable=True), backward=backward)
