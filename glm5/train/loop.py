@@ -14,7 +14,6 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,15 +24,14 @@ from glm5.model import GLM5ForCausalLM
 from glm5.train import dist_state
 from glm5.train.activations import checkpoint_layers
 from glm5.train.data import VOCAB_MIN, ByteCorpus
-from glm5.train.dsa import STAGES, AttentionProbe, ExpertBalancer
+from glm5.train.dsa import AttentionProbe, ExpertBalancer
 from glm5.train.losses import lm_and_mtp
 from glm5.train.mesh import Mesh
 from glm5.train.muon import build_optimizers
+from glm5.train.options import TrainConfig, set_determinism
 from glm5.train.pipeline_run import PipelineDist, pipeline_evaluate, pipeline_step
-from glm5.train.rl import check_rl_options, rl_step
+from glm5.train.rl import rl_step
 from glm5.train.state import checkpoints, latest_checkpoint, load_into, load_trainer_state, save_checkpoint
-
-TRAIN_STAGES = (*STAGES, "rl")
 
 
 class RunExists(ValueError):
@@ -55,84 +53,6 @@ class Diverged(RuntimeError):
 
 #: what a run directory may hold (anything else in --out is not ours: a new run refuses it)
 RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json", "loss.png", ".lock")
-
-
-@dataclass
-class TrainConfig:
-    preset: str = "tiny"
-    backend: str | None = None
-    steps: int = 200
-    batch_size: int = 8
-    seq_len: int = 128
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    optimizer: str = "muon-split"
-    stage: str = "sparse"
-    mtp_steps: int = 1
-    mtp_weight: float = 0.3
-    kl_weight: float = 1.0
-    balance_gamma: float = 1e-3
-    eval_every: int = 25
-    eval_batches: int = 4
-    save_every: int = 100
-    keep: int = 2
-    seed: int = 0
-    deterministic: bool = False
-    threads: int | None = 1
-    init: str | None = None  # start from this Hugging Face directory (e.g. before an indexer warm-up)
-    max_bytes: int = 8 << 20
-    # stage 'rl' (glm5/train/rl.py): batch_size prompts per step, group_size responses each
-    group_size: int = 8
-    prompt_len: int = 16
-    response_len: int = 16
-    ppo_epochs: int = 2
-    minibatches: int = 1
-    temperature: float = 1.0
-    rollout_precision: str = "bf16"
-    # --mesh pp=N (glm5/train/pipeline_run.py), and per decoder layer what autograd keeps for the backward
-    pp_schedule: str = "1f1b"
-    mtp_stage: str = "last"
-    microbatches: int = 1
-    activations: str = "none"
-
-    def __post_init__(self) -> None:
-        if self.stage not in TRAIN_STAGES:
-            raise ValueError(f"stage: expected one of {TRAIN_STAGES}, got {self.stage!r}")
-        if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
-            raise ValueError(
-                f"steps/batch_size/seq_len: expected >= 1, >= 1, >= 2, got "
-                f"{self.steps}, {self.batch_size}, {self.seq_len}"
-            )
-        for name in ("temperature", "grad_clip"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
-        for name in ("lr", "min_lr_ratio", "mtp_weight", "kl_weight", "weight_decay", "balance_gamma"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
-        check_rl_options(self)
-
-    def lr_at(self, step: int) -> float:
-        """Linear warm-up, then cosine decay to min_lr_ratio * lr at the last step."""
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        frac = (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps)
-        cos = 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
-        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * cos)
-
-
-def set_determinism(cfg: TrainConfig) -> None:
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    if cfg.deterministic:
-        # fixed algorithms; on CUDA cuBLAS needs a fixed workspace for deterministic GEMMs
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
 
 
 class Trainer:
