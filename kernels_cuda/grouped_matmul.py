@@ -149,3 +149,53 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor
         **extra)
     count_launch("grouped_matmul")
     return out
+
+
+@triton.jit
+def _grouped_dw_kernel(dy_ptr, x_ptr, dw_ptr, offs_ptr, N, K, stride_dym, stride_dyn, stride_xm, stride_xk,
+                       stride_we, stride_wn, PRECISION: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """dw[e, n-tile, k-tile] = dy[rows of e, n-tile]^T @ x[rows of e, k-tile], fp32 accumulation in row
+    order; the rows of e are read from offs on the device (an expert with no rows stores zeros)."""
+    e = tl.program_id(0)
+    rn = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.program_id(2).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask_n = rn < N
+    mask_k = rk < K
+    row_lo = tl.load(offs_ptr + e).to(tl.int64)
+    row_hi = tl.load(offs_ptr + e + 1).to(tl.int64)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for m0 in range(row_lo, row_hi, BLOCK_M):
+        rm = m0 + tl.arange(0, BLOCK_M)
+        mask_m = rm < row_hi
+        a = tl.load(dy_ptr + rn[:, None] * stride_dyn + rm[None, :] * stride_dym,
+                    mask=mask_n[:, None] & mask_m[None, :], other=0.0)
+        b = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk,
+                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    out = dw_ptr + e.to(tl.int64) * stride_we + rn[:, None] * stride_wn + rk[None, :]
+    tl.store(out, acc.to(OUT_DTYPE), mask=mask_n[:, None] & mask_k[None, :])
+
+
+def grouped_matmul_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of the float variant, two launches, no host read:
+    dx = the forward kernel on dy with w's [E, K, N] transposed *view* (dx[rows of e] = dy @ w[e]);
+    dw = `_grouped_dw_kernel` (dw[e] = dy[rows of e]^T @ x[rows of e], zero for an empty expert).
+    dy is taken in x's dtype (an fp32 out_dtype's gradient is rounded once, as the operands are)."""
+    dy = dy.to(x.dtype)
+    dx = grouped_matmul(dy, w.transpose(1, 2), group_offsets)
+    e, n, k = w.shape
+    dw = torch.empty((e, n, k), dtype=w.dtype, device=w.device)
+    if e == 0 or n == 0 or k == 0:
+        return dx, dw.zero_()
+    offs = group_offsets.to(torch.int32).contiguous()
+    bm, bn, bk = 32, 64, 64
+    extra = {} if interpreter_active() else dict(num_warps=4, num_stages=3, enable_fp_fusion=False)
+    grid = (e, triton.cdiv(n, bn), triton.cdiv(k, bk))
+    _grouped_dw_kernel[grid](
+        dy, x, dw, offs, n, k, dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), dw.stride(0),
+        dw.stride(1), PRECISION="ieee" if x.dtype == torch.float32 else "tf32", OUT_DTYPE=TL_DTYPES[w.dtype],
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **extra)
+    count_launch("grouped_matmul_dw")
+    return dx, dw

@@ -1,7 +1,8 @@
 """cuda backend: grouped_matmul -> kernels_cuda.grouped_matmul (one launch for all experts; float/W8A8/W4A8).
 
 The float variant never uses TF32 for fp32 inputs. Quantized variants decline accumulators that could
-overflow int32, as w8a8_matmul / w4a8_matmul do.
+overflow int32, as w8a8_matmul / w4a8_matmul do. The float variant is differentiable in x and w
+(`backward`: two launches, no host read; dx reads w through a transposed view, no re-layout).
 """
 
 from __future__ import annotations
@@ -41,7 +42,22 @@ def grouped_matmul(
     )
 
 
+def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) of the float variant -> kernels_cuda.grouped_matmul.grouped_matmul_backward.
+    Semantics: backends/reference/grouped_matmul.py"""
+    from kernels_cuda.grouped_matmul import grouped_matmul_backward
+
+    (grad,) = grad_outputs
+    return grouped_matmul_backward(grad, args["x"], args["w"], args["group_offsets"])
+
+
 IMPL = OpImpl(
     grouped_matmul,
-    OpCaps(FLOATS + ("w8a8", "w4a8"), limits=LIMITS, notes={"launches": "one for all experts"}),
+    OpCaps(
+        FLOATS + ("w8a8", "w4a8"),
+        limits=LIMITS,
+        differentiable=True,
+        notes={"launches": "one for all experts (backward: two)"},
+    ),
+    backward=backward,
 )
