@@ -12,6 +12,11 @@ unprepared one is transposed per call, counted in relayouts["grouped_matmul"]); 
   activation into int4 halves (x = 16 hi + lo + 8).
 - everything else (fp32, per-group W4A8, which vllm-ascend also rejects for MoE, fp32 output, over the
   limits): one kernels_ascend GEMM per non-empty expert.
+The float variant is differentiable in x and w (`backward`): dx[rows of e] = dy @ w[e] through the
+operator, whose k-major weight [E, K', N'] an unprepared w [E, N, K] already is (no copy), else per
+expert; dw[e] = dy[rows of e]^T @ x[rows of e] by one kernels_ascend GEMM per non-empty expert on strided
+views (the operator's MoE form groups along M only, so the offsets are read on the host, as the
+per-expert forward route does).
 Semantics: backends/reference/grouped_matmul.py (SPEC 2.8)
 """
 
@@ -154,6 +159,30 @@ def impl(provider: OpsProvider) -> OpImpl:
         form = w4_form(provider, "grouped_matmul", (w, w_scale), w, scale)
         return w4a8_operator(provider, "grouped_matmul", x, x_scale, w, scale, group_offsets, out_dtype, form)
 
+    def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dx, dw) of the float variant; dy is taken in x's dtype (the operator's float form)."""
+        from kernels_ascend._matmul import matmul
+
+        x, w, offsets = args["x"], args["w"], args["group_offsets"]
+        dy = grad_outputs[0].to(x.dtype)
+        if w.is_contiguous() and not operator_reasons(dy, w.transpose(1, 2), None, None):
+            provider.record("grouped_matmul.backward", provider.label(OP) + " (dx) + kernels per expert (dw)")
+            dx = _gmm(provider, dy, w, offsets)  # w [E, N, K] read as the operator's [E, K'=N, N'=K]
+        else:
+            provider.record("grouped_matmul.backward", provider.kernel_label("matmul") + " per expert")
+            dx = None
+        dx_acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device) if dx is None else None
+        dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+        offs = offsets.tolist()
+        for e in range(w.shape[0]):
+            if offs[e + 1] == offs[e]:
+                continue
+            r = slice(offs[e], offs[e + 1])
+            matmul(dy[r].T, x[r], dw[e])
+            if dx_acc is not None:
+                matmul(dy[r], w[e], dx_acc[r])
+        return (dx if dx is not None else dx_acc.to(x.dtype)), dw.to(w.dtype)
+
     def prepare(weights: dict) -> dict:
         """Float / int8 experts stored K-major; per-channel int4 experts (w_scale [E, N, 1]) keep their
         bytes and get their npu_grouped_matmul repack stored beside them."""
@@ -179,6 +208,7 @@ def impl(provider: OpsProvider) -> OpImpl:
             FLOATS + ("w8a8", "w4a8"),
             batch_invariant=BATCH_INVARIANT,
             check=check,
+            differentiable=True,
             notes={
                 "operator": "bf16/fp16 float or bf16/fp16-output W8A8 / "
                 "per-channel W4A8, <= 1024 experts, K, N < 65536; "
@@ -186,4 +216,5 @@ def impl(provider: OpsProvider) -> OpImpl:
             },
         ),
         prepare,
+        backward=backward,
     )
