@@ -24,7 +24,6 @@ MAX_LINES = 450
 PUBLIC_BACKENDS = {
     "backends",
     "backends.argcheck",
-    "backends.autograd",
     "backends.cache_layout",
     "backends.caps",
     "backends.custom_op",

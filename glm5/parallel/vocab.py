@@ -6,18 +6,21 @@ the target) the target logit; one all-gather of those per-row statistics gives e
 log-sum-exp, combined in rank order, so every rank gets the same loss bits. The forward keeps only the
 per-row global log-sum-exp and the backward recomputes each chunk's logits, so neither the [N, V] nor
 the [N, V/tp] fp32 logits exist at once. The chunking and gradient routing are the backends' shared
-`ChunkedLinearCrossEntropy`; only the per-chunk math below knows about the group.
+`backends.linear_ce` (as a torch.autograd.Function here: this loss is not a backend op); only the
+per-chunk math below knows about the group.
 
 The local logits are plain torch matmuls in fp32, as the reference backend's per-chunk math: the
-backend op `linear_cross_entropy` returns only the mean loss, not the per-row statistics a split
-vocabulary has to combine, and no backend has a lower-level op for them.
+backend op `linear_cross_entropy` returns the mean loss and the per-row log-sum-exp of the vocabulary it
+is given, not the target logit a split vocabulary has to take from the rank that holds it, and no
+backend has a lower-level op for these statistics.
 """
 
 from __future__ import annotations
 
 import torch
 
-from backends.autograd import ChunkedLinearCrossEntropy, LinearCEKernels, row_chunks
+from backends import linear_ce
+from backends.linear_ce import LinearCEKernels, row_chunks
 from glm5.parallel.group import Group
 
 # Rows per chunk are chosen so one chunk's local fp32 logits stay under this many elements (read at call
@@ -95,3 +98,22 @@ def _kernels(group: Group, vocab_start: int) -> LinearCEKernels:
         return row_chunks(CHUNK_ELEMS)(n, v)
 
     return LinearCEKernels(chunks, forward, backward, cast=lambda h, w: (h, w.float()))
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of h @ weight^T in row chunks through `kernels`, differentiable in h and weight:
+    `ChunkedLinearCrossEntropy.apply(h, weight, targets, ignore_index, kernels)`."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, ignore_index: int, kernels: LinearCEKernels):
+        loss, lse = linear_ce.forward(kernels, h, weight, targets, ignore_index)
+        ctx.save_for_backward(h, weight, targets, loss, lse)
+        ctx.ignore_index, ctx.kernels = ignore_index, kernels
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        h, weight, targets, loss, lse = ctx.saved_tensors
+        args = dict(h=h, weight=weight, targets=targets, ignore_index=ctx.ignore_index)
+        grad_h, grad_w = linear_ce.backward(ctx.kernels, args, (loss, lse), (grad_loss, None))
+        return grad_h, grad_w, None, None, None
