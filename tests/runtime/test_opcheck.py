@@ -81,8 +81,8 @@ def _samples(op: str, grad: bool) -> dict:
         )
     if op == "grouped_matmul":
         return dict(
-            x=r(9, 32),
-            w=r(3, 16, 32),
+            x=r(9, 32).requires_grad_(grad),
+            w=r(3, 16, 32).requires_grad_(grad),
             group_offsets=torch.tensor([0, 4, 4, 9]),
             x_scale=None,
             w_scale=None,
