@@ -9,8 +9,8 @@ backend, built-in or plugin.
 A `SeqLayout` crosses the boundary as its tensors plus `max_seqlen_k` (-1: unknown). Differentiable
 ops get autograd one way: a `<op>_backward` custom op runs the backend's declared backward
 (`OpImpl.backward`) on the saved inputs and the forward's saved outputs (sparse attention's out and lse,
-linear cross-entropy's per-row lse; grouped_matmul's float variant saves none), so a training step runs
-each forward once.
+linear cross-entropy's per-row lse; grouped_matmul's float variant, registered in
+backends/library_moe.py, saves none), so a training step runs each forward once.
 
 Semantics of every op: backends/reference/<op>.py (docs/spec.md section 2).
 """
@@ -32,6 +32,7 @@ from backends.custom_op import (
     run_attention,
     run_backward,
 )
+from backends.library_moe import grouped_matmul
 
 # -- indexer_logits (SPEC 2.1) ---------------------------------------------------------------------
 
@@ -301,79 +302,6 @@ def w4a8_matmul(
 @w4a8_matmul.register_fake
 def _(x_q, x_scale, w_packed, w_scale, group_size, bias, out_dtype, backend):
     return x_q.new_empty((x_q.shape[0], w_packed.shape[0]), dtype=out_dtype)
-
-
-# -- grouped_matmul (SPEC 2.8) ---------------------------------------------------------------------
-
-
-@_lib_op("grouped_matmul")
-def grouped_matmul(
-    x: Tensor,
-    w: Tensor,
-    group_offsets: Tensor,
-    x_scale: Tensor | None,
-    w_scale: Tensor | None,
-    group_size: int | None,
-    out_dtype: torch.dtype | None,
-    backend: str,
-) -> Tensor:
-    args = dict(
-        x=x,
-        w=w,
-        group_offsets=group_offsets,
-        x_scale=x_scale,
-        w_scale=w_scale,
-        group_size=group_size,
-        out_dtype=out_dtype,
-    )
-    return _run(backend, "grouped_matmul", args)
-
-
-@grouped_matmul.register_fake
-def _(x, w, group_offsets, x_scale, w_scale, group_size, out_dtype, backend):
-    dtype = out_dtype if out_dtype is not None else x.dtype
-    return x.new_empty((x.shape[0], w.shape[1]), dtype=dtype)
-
-
-@_lib_op("grouped_matmul_backward")
-def grouped_matmul_backward(
-    grad: Tensor,
-    x: Tensor,
-    w: Tensor,
-    group_offsets: Tensor,
-    out_dtype: torch.dtype | None,
-    backend: str,
-) -> tuple[Tensor, Tensor]:
-    """(dx, dw) of the float variant (the only differentiable one: integer tensors carry no gradient)."""
-    args = dict(
-        x=x,
-        w=w,
-        group_offsets=group_offsets,
-        x_scale=None,
-        w_scale=None,
-        group_size=None,
-        out_dtype=out_dtype,
-    )
-    return run_backward(backend, "grouped_matmul", args, (None,), (grad,))
-
-
-@grouped_matmul_backward.register_fake
-def _(grad, x, w, group_offsets, out_dtype, backend):
-    return torch.empty_like(x), torch.empty_like(w)
-
-
-def _grouped_setup(ctx, inputs, output):
-    x, w, group_offsets, _x_scale, _w_scale, _group_size, out_dtype, backend = inputs
-    ctx.save_for_backward(x, w, group_offsets)
-    ctx.scalars = (out_dtype, backend)
-
-
-def _grouped_bwd(ctx, grad):
-    dx, dw = grouped_matmul_backward(grad, *ctx.saved_tensors, *ctx.scalars)
-    return (dx, dw) + (None,) * 6
-
-
-grouped_matmul.register_autograd(_grouped_bwd, setup_context=_grouped_setup)
 
 
 # -- linear_cross_entropy (SPEC 2.9) ---------------------------------------------------------------
