@@ -26,7 +26,7 @@ from train_step_calls import step_calls  # noqa: E402
 def test_a_training_step_runs_each_forward_once():
     calls, forwards = step_calls("reference", stage="sparse", mtp_steps=1)
     assert forwards["linear_cross_entropy"] == 2  # the LM loss and one MTP step: 4 with a recompute
-    for op in ("linear_cross_entropy", "sparse_mla_attention", "indexer_logits"):
+    for op in ("linear_cross_entropy", "sparse_mla_attention", "indexer_logits", "grouped_matmul"):
         assert calls[op] >= 1 and forwards[op] == calls[op], op  # no forward inside a backward
         assert calls[f"{op}.backward"] == calls[op], op  # each use differentiated by its declared backward
 
