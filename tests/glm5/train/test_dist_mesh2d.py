@@ -7,6 +7,7 @@ loads at 1 process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -93,6 +94,9 @@ def _worker(rank: int, world: int, out: str) -> None:
         latest.symlink_to("step-000001")
     dist.barrier()
     Trainer(CFG, f"{out}/resumed", resume=True, mesh=MESH).run(progress=False)
+    # 20 steps that train
+    long = dataclasses.replace(CFG, steps=20, eval_every=20, save_every=20)
+    Trainer(long, f"{out}/long", mesh=MESH).run(progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +171,12 @@ def test_a_dp2_tp2_checkpoint_resumes_bit_exactly_and_loads_at_one_process(mesh2
     assert all(len(st) for o in trainer.optimizers for st in o.state.values())
     trainer.run(progress=False)
     assert [r["step"] for r in _records(run)] == [1, 2, 3]
+
+
+def test_a_20_step_dp2_tp2_run_trains(mesh2d):
+    recs = [json.loads(ln) for ln in (mesh2d / "long" / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((mesh2d / "long" / "summary.json").read_text())
+    assert [r["step"] for r in recs] == list(range(1, 21)) and summary["world"] == 4
+    first, last = sum(r["lm_loss"] for r in recs[:3]) / 3, sum(r["lm_loss"] for r in recs[-3:]) / 3
+    print(f"dp2 x tp2: lm loss {first:.3f} -> {last:.3f}")
+    assert last < first - 0.3 and summary["final_eval_loss"] < summary["init_eval_loss"] - 0.3
