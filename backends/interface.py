@@ -230,9 +230,7 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
             )
         if wants_grad and not impl.caps.differentiable:
             raise NotSupported(
-                [
-                    f"the backward of {op} is not implemented (inputs require grad; call it under no_grad)"
-                ],
+                [f"the backward of {op} is not implemented (inputs require grad; call it under no_grad)"],
                 backend=self.name,
                 op=op,
             )

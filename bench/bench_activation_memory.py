@@ -57,8 +57,9 @@ def measure(mode: str, args: argparse.Namespace) -> dict:
     model = GLM5ForCausalLM(GLM5Config.from_preset(args.preset), backend=args.backend)
     model.init_weights(0)
     model.train()
-    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq_len), generator=torch.Generator()
-                        .manual_seed(0)).to(model.backend.device)
+    ids = torch.randint(
+        0, model.config.vocab_size, (args.batch, args.seq_len), generator=torch.Generator().manual_seed(0)
+    ).to(model.backend.device)
     _step(model, ids, args.mtp_steps)  # warm-up
     stats = checkpoint_layers(model, mode)
     cuda = ids.device.type == "cuda"
@@ -99,8 +100,12 @@ def main() -> None:
     recs = [measure(mode, args) for mode in MODES]
     for rec in recs:
         rec.update(
-            bench="activation_memory", backend=args.backend, preset=args.preset, batch=args.batch,
-            seq_len=args.seq_len, saved_ratio=rec["saved_bytes"] / recs[0]["saved_bytes"],
+            bench="activation_memory",
+            backend=args.backend,
+            preset=args.preset,
+            batch=args.batch,
+            seq_len=args.seq_len,
+            saved_ratio=rec["saved_bytes"] / recs[0]["saved_bytes"],
         )
         print(json.dumps(rec))
         if args.json:

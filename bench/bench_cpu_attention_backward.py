@@ -58,16 +58,26 @@ def main() -> None:
             out, _ = be.sparse_mla_attention(q, kv, idx, layout, 576**-0.5, 512, return_lse=False)
             (out * d_out).sum().backward()
             grads[name] = (q.grad, kv.grad)
+
         return run
 
     variants = {"explicit": step(explicit, "explicit"), "recompute": step(recompute, "recompute")}
     ms = {k: v * 1e3 for k, v in interleaved_s(variants, a.runs).items()}
     pairs = zip(grads["explicit"], grads["recompute"], strict=True)
     worst = max((x - y).abs().max().item() for x, y in pairs)
-    emit({"bench": "cpu_attention_backward", "shape": f"T{t} S{s} H{h} d576/512 top{topk}",
-          "explicit_ms": round(ms["explicit"], 1), "recompute_ms": round(ms["recompute"], 1),
-          "ratio recompute/explicit (speed)": round(ms["recompute"] / ms["explicit"], 3),
-          "max_abs_grad_diff": worst, "runs": a.runs, **cpu_context()}, a.json)
+    emit(
+        {
+            "bench": "cpu_attention_backward",
+            "shape": f"T{t} S{s} H{h} d576/512 top{topk}",
+            "explicit_ms": round(ms["explicit"], 1),
+            "recompute_ms": round(ms["recompute"], 1),
+            "ratio recompute/explicit (speed)": round(ms["recompute"] / ms["explicit"], 3),
+            "max_abs_grad_diff": worst,
+            "runs": a.runs,
+            **cpu_context(),
+        },
+        a.json,
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._harness import median_ms, parse, report  # noqa: E402
 
-SHAPES = [(4096, 6144), (4096, 12288), (32768, 2048), (64, 6144)]   # (M, K), bf16 input
+SHAPES = [(4096, 6144), (4096, 12288), (32768, 2048), (64, 6144)]  # (M, K), bf16 input
 TINY = [(33, 300), (4, 1000)]
 
 
@@ -37,10 +37,19 @@ def _one(args, cuda, m: int, k: int) -> None:
     eager = median_ms(lambda: _eager(torch, x), args.runs, args.cuda)
     same = all(torch.equal(a, b) for a, b in zip(cuda.dynamic_quant_int8(x), _eager(torch, x), strict=True))
     gbytes = (m * k * (x.element_size() + 1) + 4 * m) / 1e9
-    report(args, {"bench": "dynamic_quant_int8", "shape": f"M{m} K{k}", "dtype": str(dtype)[6:],
-                  "ms": round(ours, 4), "GB/s": round(gbytes / (ours / 1e3), 1),
-                  "eager torch ms": round(eager, 4), "ratio ours/eager (speed)": round(eager / ours, 3),
-                  "bitwise equal to eager": same})
+    report(
+        args,
+        {
+            "bench": "dynamic_quant_int8",
+            "shape": f"M{m} K{k}",
+            "dtype": str(dtype)[6:],
+            "ms": round(ours, 4),
+            "GB/s": round(gbytes / (ours / 1e3), 1),
+            "eager torch ms": round(eager, 4),
+            "ratio ours/eager (speed)": round(eager / ours, 3),
+            "bitwise equal to eager": same,
+        },
+    )
 
 
 def main() -> None:

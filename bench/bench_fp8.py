@@ -22,8 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._harness import median_ms, parse, report  # noqa: E402
 
-GEMMS = [(4096, 2048, 6144, "q_a_proj, prefill"), (4096, 6144, 16384, "o_proj, prefill"),
-         (64, 2048, 6144, "q_a_proj, decode"), (64, 6144, 16384, "o_proj, decode")]
+GEMMS = [
+    (4096, 2048, 6144, "q_a_proj, prefill"),
+    (4096, 6144, 16384, "o_proj, prefill"),
+    (64, 2048, 6144, "q_a_proj, decode"),
+    (64, 6144, 16384, "o_proj, decode"),
+]
 TINY_GEMMS = [(24, 40, 300, "tiny")]
 DECODE = dict(batch=8, keys=16384, topk=2048, heads=64, index_heads=32)
 TINY_DECODE = dict(batch=2, keys=96, topk=16, heads=16, index_heads=4)
@@ -40,16 +44,26 @@ def _gemm(args, cuda, m: int, n: int, k: int, what: str) -> None:
     w_q, w_s = (t.to(dev) for t in quantize_weight_blocks(w))
     x_q, x_s = cuda.fp8_quant_group(x, 128, 1e-4, False)
     w_bf = w.to(dev, torch.bfloat16)
-    ours = median_ms(lambda: cuda.fp8_block_matmul(x_q, x_s, w_q, w_s, None, torch.bfloat16), args.runs,
-                     args.cuda)
+    ours = median_ms(
+        lambda: cuda.fp8_block_matmul(x_q, x_s, w_q, w_s, None, torch.bfloat16), args.runs, args.cuda
+    )
     quant = median_ms(lambda: cuda.fp8_quant_group(x, 128, 1e-4, False), args.runs, args.cuda)
     bf16 = median_ms(lambda: x @ w_bf.t(), args.runs, args.cuda)
     tflop = 2 * m * n * k / 1e12
-    report(args, {"bench": "fp8_block_matmul", "shape": f"M{m} N{n} K{k}", "what": what, "ms": round(ours, 4),
-                  "TFLOP/s": round(tflop / (ours / 1e3), 1), "bf16 matmul ms": round(bf16, 4),
-                  "ratio bf16/ours (speed)": round(bf16 / ours, 3),
-                  "fp8_quant_group ms": round(quant, 4),
-                  "fp8_quant_group GB/s read": round(x.numel() * 2 / (quant / 1e3) / 1e9, 1)})
+    report(
+        args,
+        {
+            "bench": "fp8_block_matmul",
+            "shape": f"M{m} N{n} K{k}",
+            "what": what,
+            "ms": round(ours, 4),
+            "TFLOP/s": round(tflop / (ours / 1e3), 1),
+            "bf16 matmul ms": round(bf16, 4),
+            "ratio bf16/ours (speed)": round(bf16 / ours, 3),
+            "fp8_quant_group ms": round(quant, 4),
+            "fp8_quant_group GB/s read": round(x.numel() * 2 / (quant / 1e3) / 1e9, 1),
+        },
+    )
 
 
 def _decode(args, cuda, batch: int, keys: int, topk: int, heads: int, index_heads: int) -> None:
@@ -68,24 +82,40 @@ def _decode(args, cuda, batch: int, keys: int, topk: int, heads: int, index_head
     qb, kb, wb = q.to(dev, torch.bfloat16), k.to(dev, torch.bfloat16), w.to(dev)
     fp8 = median_ms(lambda: cuda.fp8_indexer_topk(q8, k8, ks, w8, layout, topk), args.runs, args.cuda)
     bf16 = median_ms(lambda: cuda.indexer_topk(qb, kb, wb, layout, topk), args.runs, args.cuda)
-    report(args, {"bench": "fp8_indexer_topk", "shape": f"B{batch} S{keys} H_I{index_heads} top{topk}",
-                  "ms": round(fp8, 4), "bf16 indexer_topk ms": round(bf16, 4),
-                  "ratio bf16/ours (speed)": round(bf16 / fp8, 3)})
+    report(
+        args,
+        {
+            "bench": "fp8_indexer_topk",
+            "shape": f"B{batch} S{keys} H_I{index_heads} top{topk}",
+            "ms": round(fp8, 4),
+            "bf16 indexer_topk ms": round(bf16, 4),
+            "ratio bf16/ours (speed)": round(bf16 / fp8, 3),
+        },
+    )
 
     kv = (torch.randn(batch * keys, 576, generator=g) / 10).clamp(-1, 1).to(dev, torch.bfloat16)
     rows = cuda.fp8_mla_cache_quant(kv)
     qa = torch.randn(batch, heads, 576, generator=g).clamp(-1, 1).to(dev, torch.bfloat16)
     idx = torch.stack([torch.randperm(keys, generator=g)[:topk] for _ in range(batch)]).to(dev, torch.int32)
     scale = 576**-0.5
+
     def attn(op, cache):
         return lambda: op(qa, cache, idx, layout, scale, 512, return_lse=False)
 
     fp8 = median_ms(attn(cuda.fp8_sparse_mla_attention, rows), args.runs, args.cuda)
     bf16 = median_ms(attn(cuda.sparse_mla_attention, kv), args.runs, args.cuda)
-    report(args, {"bench": "fp8_sparse_mla_attention", "shape": f"B{batch} H{heads} top{topk} of {keys}",
-                  "ms": round(fp8, 4), "cache bytes per token": 656,
-                  "bf16 sparse_mla_attention ms": round(bf16, 4), "bf16 cache bytes per token": 1152,
-                  "ratio bf16/ours (speed)": round(bf16 / fp8, 3)})
+    report(
+        args,
+        {
+            "bench": "fp8_sparse_mla_attention",
+            "shape": f"B{batch} H{heads} top{topk} of {keys}",
+            "ms": round(fp8, 4),
+            "cache bytes per token": 656,
+            "bf16 sparse_mla_attention ms": round(bf16, 4),
+            "bf16 cache bytes per token": 1152,
+            "ratio bf16/ours (speed)": round(bf16 / fp8, 3),
+        },
+    )
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._harness import median_ms, parse, report  # noqa: E402
 
-SHAPES = [(4096, 8, 256, 4096, 6144), (64, 8, 256, 4096, 6144)]   # (tokens, top-k, experts, N, K)
+SHAPES = [(4096, 8, 256, 4096, 6144), (64, 8, 256, 4096, 6144)]  # (tokens, top-k, experts, N, K)
 TINY = [(12, 2, 4, 32, 64)]
 VARIANTS = ("bfloat16", "w8a8", "w4a8")
 
@@ -28,15 +28,25 @@ def _inputs(torch, variant, m, e, n, k, dev):
     from backends.reference.w4a8_matmul import pack_int4
 
     if variant == "bfloat16":
-        return dict(x=torch.randn(m, k, device=dev).to(torch.bfloat16),
-                    w=(torch.randn(e, n, k, device=dev) * k**-0.5).to(torch.bfloat16))
-    x = dict(x=torch.randint(-127, 128, (m, k), dtype=torch.int8, device=dev),
-             x_scale=torch.rand(m, device=dev) * 0.02, out_dtype=torch.bfloat16)
+        return dict(
+            x=torch.randn(m, k, device=dev).to(torch.bfloat16),
+            w=(torch.randn(e, n, k, device=dev) * k**-0.5).to(torch.bfloat16),
+        )
+    x = dict(
+        x=torch.randint(-127, 128, (m, k), dtype=torch.int8, device=dev),
+        x_scale=torch.rand(m, device=dev) * 0.02,
+        out_dtype=torch.bfloat16,
+    )
     if variant == "w8a8":
-        return x | dict(w=torch.randint(-128, 128, (e, n, k), dtype=torch.int8, device=dev),
-                        w_scale=torch.rand(e, n, device=dev) * 0.01)
-    return x | dict(w=pack_int4(torch.randint(-8, 8, (e, n, k), dtype=torch.int8, device=dev)),
-                    w_scale=torch.rand(e, n, 1, device=dev) * 0.1, group_size=k)
+        return x | dict(
+            w=torch.randint(-128, 128, (e, n, k), dtype=torch.int8, device=dev),
+            w_scale=torch.rand(e, n, device=dev) * 0.01,
+        )
+    return x | dict(
+        w=pack_int4(torch.randint(-8, 8, (e, n, k), dtype=torch.int8, device=dev)),
+        w_scale=torch.rand(e, n, 1, device=dev) * 0.1,
+        group_size=k,
+    )
 
 
 def _variant(args, cuda, variant: str, offs, e: int, n: int, k: int) -> float:
@@ -53,8 +63,9 @@ def _baselines(args, x_bf, bounds: list[int], e: int, n: int, k: int) -> tuple[f
 
     w_bf = (torch.randn(e, n, k, device=args.device) * k**-0.5).to(torch.bfloat16)
     dense = median_ms(lambda: x_bf @ w_bf[0].t(), args.runs, args.cuda)
-    loop = median_ms(lambda: [x_bf[bounds[i]:bounds[i + 1]] @ w_bf[i].t() for i in range(e)],
-                     args.runs, args.cuda)
+    loop = median_ms(
+        lambda: [x_bf[bounds[i] : bounds[i + 1]] @ w_bf[i].t() for i in range(e)], args.runs, args.cuda
+    )
     return dense, loop
 
 
@@ -72,12 +83,21 @@ def _one(args, cuda, tokens: int, topk: int, e: int, n: int, k: int) -> None:
         ours = _variant(args, cuda, variant, offs, e, n, k)
         if args.cuda:
             torch.cuda.empty_cache()
-        report(args, {"bench": "grouped_matmul", "variant": variant, "shape": f"E{e} M{m} N{n} K{k}",
-                      "rows/expert": round(m / e, 1), "ms": round(ours, 4),
-                      "TFLOP/s": round(tflop / (ours / 1e3), 1), "dense bf16 ms": round(dense, 4),
-                      "ratio ours/dense bf16 (speed)": round(dense / ours, 3),
-                      "torch per-expert bf16 loop ms": round(loop, 4),
-                      "ratio ours/loop (speed)": round(loop / ours, 3)})
+        report(
+            args,
+            {
+                "bench": "grouped_matmul",
+                "variant": variant,
+                "shape": f"E{e} M{m} N{n} K{k}",
+                "rows/expert": round(m / e, 1),
+                "ms": round(ours, 4),
+                "TFLOP/s": round(tflop / (ours / 1e3), 1),
+                "dense bf16 ms": round(dense, 4),
+                "ratio ours/dense bf16 (speed)": round(dense / ours, 3),
+                "torch per-expert bf16 loop ms": round(loop, 4),
+                "ratio ours/loop (speed)": round(loop / ours, 3),
+            },
+        )
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._harness import median_ms, parse, report  # noqa: E402
 
-SHAPES = [(4096, 6144, 154880), (16384, 6144, 154880)]   # (N tokens, D hidden, V vocab)
+SHAPES = [(4096, 6144, 154880), (16384, 6144, 154880)]  # (N tokens, D hidden, V vocab)
 TINY = [(16, 32, 300)]
 
 
@@ -54,11 +54,20 @@ def _one(args, cuda, n: int, d: int, v: int) -> None:
 
     ms, ms_dense = median_ms(ours, args.runs, args.cuda), median_ms(dense, args.runs, args.cuda)
     tflop = 6 * n * v * d / 1e12
-    report(args, {"bench": "linear_cross_entropy", "shape": f"N{n} D{d} V{v}", "dtype": str(dtype)[6:],
-                  "ms fwd+bwd": round(ms, 3), "TFLOP/s (model)": round(tflop / (ms / 1e3), 1),
-                  "peak GiB": _peak(torch, ours, args.cuda), "dense torch ms": round(ms_dense, 3),
-                  "dense peak GiB": _peak(torch, dense, args.cuda),
-                  "ratio ours/dense (speed)": round(ms_dense / ms, 3)})
+    report(
+        args,
+        {
+            "bench": "linear_cross_entropy",
+            "shape": f"N{n} D{d} V{v}",
+            "dtype": str(dtype)[6:],
+            "ms fwd+bwd": round(ms, 3),
+            "TFLOP/s (model)": round(tflop / (ms / 1e3), 1),
+            "peak GiB": _peak(torch, ours, args.cuda),
+            "dense torch ms": round(ms_dense, 3),
+            "dense peak GiB": _peak(torch, dense, args.cuda),
+            "ratio ours/dense (speed)": round(ms_dense / ms, 3),
+        },
+    )
 
 
 def main() -> None:

@@ -51,8 +51,12 @@ def _rank(rank: int, world: int, port: int, steps: int, queue) -> None:
         for _ in range(steps):
             for _, p in named:
                 p.grad = DTensor.from_local(
-                    torch.randn(p.to_local().shape, generator=gen), mesh, p.placements, shape=p.shape,
-                    stride=p.stride(), run_check=False,
+                    torch.randn(p.to_local().shape, generator=gen),
+                    mesh,
+                    p.placements,
+                    shape=p.shape,
+                    stride=p.stride(),
+                    run_check=False,
                 )
             dist.barrier()
             t0 = time.perf_counter()

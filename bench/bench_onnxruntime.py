@@ -50,21 +50,43 @@ def _cases(g: torch.Generator) -> dict[str, tuple[str, dict[str, Any]]]:
         "topk": (f"R=64 C={s} k={topk}", dict(x=r(64, s), k=topk)),
         "indexer_logits": (f"T={t} H_I={h_i} D_I={d_i} S={s} paged", indexer),
         "indexer_topk": (f"T={t} H_I={h_i} D_I={d_i} S={s} topk={topk} paged", dict(indexer, topk=topk)),
-        "sparse_mla_attention": (f"T={t} H=16 d_qk=576 topk={topk} paged",
-                                 dict(q=r(t, 16, 576), kv_cache=r(s // 64, 64, 576), indices=idx,
-                                      layout=paged, sm_scale=0.0625, d_v=512)),
+        "sparse_mla_attention": (
+            f"T={t} H=16 d_qk=576 topk={topk} paged",
+            dict(
+                q=r(t, 16, 576),
+                kv_cache=r(s // 64, 64, 576),
+                indices=idx,
+                layout=paged,
+                sm_scale=0.0625,
+                d_v=512,
+            ),
+        ),
         "dynamic_quant_int8": ("M=256 K=4096", dict(x=r(256, 4096))),
-        "w8a8_matmul": ("M=256 N=512 K=1024",
-                        dict(x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale=torch.rand(512, generator=g))),
-        "w4a8_matmul": ("M=256 N=512 K=1024 g=128",
-                        dict(x_q=x_q, x_scale=x_scale, w_packed=w4, w_scale=torch.rand(512, 8, generator=g),
-                             group_size=128)),
-        "grouped_matmul": ("E=4 M=256 N=512 K=1024 w8a8",
-                           dict(x=x_q, w=w_e, group_offsets=offs, x_scale=x_scale,
-                                w_scale=torch.rand(4, 512, generator=g), out_dtype=torch.bfloat16)),
-        "linear_cross_entropy": ("N=512 D=256 V=8192",
-                                 dict(h=r(512, 256), weight=r(8192, 256),
-                                      targets=torch.randint(0, 8192, (512,), generator=g))),
+        "w8a8_matmul": (
+            "M=256 N=512 K=1024",
+            dict(x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale=torch.rand(512, generator=g)),
+        ),
+        "w4a8_matmul": (
+            "M=256 N=512 K=1024 g=128",
+            dict(
+                x_q=x_q, x_scale=x_scale, w_packed=w4, w_scale=torch.rand(512, 8, generator=g), group_size=128
+            ),
+        ),
+        "grouped_matmul": (
+            "E=4 M=256 N=512 K=1024 w8a8",
+            dict(
+                x=x_q,
+                w=w_e,
+                group_offsets=offs,
+                x_scale=x_scale,
+                w_scale=torch.rand(4, 512, generator=g),
+                out_dtype=torch.bfloat16,
+            ),
+        ),
+        "linear_cross_entropy": (
+            "N=512 D=256 V=8192",
+            dict(h=r(512, 256), weight=r(8192, 256), targets=torch.randint(0, 8192, (512,), generator=g)),
+        ),
     }
 
 
@@ -82,9 +104,16 @@ def main() -> None:
         t_ort = _median_ms(getattr(ort_be, op), kw, args.runs)
         assert ort_be.kernel_calls()[op] > calls, f"{op}: no ONNX Runtime session ran"
         t_ref = _median_ms(getattr(ref, op), kw, args.runs)
-        row = {"bench": "onnxruntime", "op": op, "shape": label, "onnxruntime_ms": round(t_ort, 3),
-               "reference_ms": round(t_ref, 3), "speedup_vs_reference": round(t_ref / t_ort, 3),
-               "runs": args.runs, "threads": torch.get_num_threads()}
+        row = {
+            "bench": "onnxruntime",
+            "op": op,
+            "shape": label,
+            "onnxruntime_ms": round(t_ort, 3),
+            "reference_ms": round(t_ref, 3),
+            "speedup_vs_reference": round(t_ref / t_ort, 3),
+            "runs": args.runs,
+            "threads": torch.get_num_threads(),
+        }
         print(json.dumps(row), flush=True)
         if args.json:
             with open(args.json, "a", encoding="utf-8") as f:

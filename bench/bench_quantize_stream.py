@@ -74,9 +74,19 @@ def build(path: Path, layers: int, hidden: int, experts: int, expert_dim: int) -
     from quant.formats import fp8
 
     cfg = GLM5Config.from_preset(
-        "tiny", vocab_size=2048, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-        q_lora_rank=hidden // 2, kv_lora_rank=128, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-        num_attention_heads=8, num_key_value_heads=8, n_routed_experts=experts,
+        "tiny",
+        vocab_size=2048,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        q_lora_rank=hidden // 2,
+        kv_lora_rank=128,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        n_routed_experts=experts,
         moe_intermediate_size=expert_dim,
         index_topk_pattern="F" * layers,
     )
@@ -122,12 +132,18 @@ def main() -> None:
             runs = []
             for r in range(args.runs):
                 out = d / f"{v}-{r}"
-                res = subprocess.run([sys.executable, __file__, "--child", v, str(d / "src"), str(out)],
-                                     capture_output=True, text=True, check=True)
+                res = subprocess.run(
+                    [sys.executable, __file__, "--child", v, str(d / "src"), str(out)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
                 digests[v] = _digest(out)
-            results[v] = {"extra_mib": statistics.median(x["extra_mib"] for x in runs),
-                          "s": statistics.median(x["s"] for x in runs)}
+            results[v] = {
+                "extra_mib": statistics.median(x["extra_mib"] for x in runs),
+                "s": statistics.median(x["s"] for x in runs),
+            }
     ckpt_mib = bf16_bytes / 2**20
     rec = {
         "bench": "quantize_stream",

@@ -68,8 +68,9 @@ def main() -> None:
         slots = torch.where(idx >= 0, idx.long(), s)
         mask = torch.zeros(t, s + 1, dtype=torch.bool, device=args.device).scatter_(1, slots, True)[:, :s]
         qd, kd, vd = q.transpose(0, 1)[None], kv[None, None], kv[None, None, :, :d_v]
-        sdpa = partial(F.scaled_dot_product_attention, qd, kd, vd, attn_mask=mask, scale=0.0625,
-                       enable_gqa=True)
+        sdpa = partial(
+            F.scaled_dot_product_attention, qd, kd, vd, attn_mask=mask, scale=0.0625, enable_gqa=True
+        )
         base = median_ms(sdpa, args.runs, args.cuda)
         flops = 2 * t * topk * h * (d_qk + d_v)
         report(

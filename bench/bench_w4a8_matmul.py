@@ -18,8 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._harness import median_ms, parse, report  # noqa: E402
 
 SHAPES = [  # (M, N, K, group_size or None for per-channel)
-    (4096, 4096, 6144, None), (4096, 4096, 6144, 128), (4096, 6144, 2048, None),
-    (64, 4096, 6144, None), (64, 4096, 6144, 128),
+    (4096, 4096, 6144, None),
+    (4096, 4096, 6144, 128),
+    (4096, 6144, 2048, None),
+    (64, 4096, 6144, None),
+    (64, 4096, 6144, 128),
 ]
 TINY = [(24, 40, 64, None), (17, 32, 128, 32)]
 
@@ -37,20 +40,29 @@ def _one(args, cuda, m: int, n: int, k: int, group: int | None) -> None:
     x_s = torch.rand(m, device=dev) * 0.02
     w_s = torch.rand(n, k // gs, device=dev) * 0.1
     x_bf, w_bf = x_q.to(torch.bfloat16), w.to(torch.bfloat16)
-    ours = median_ms(lambda: cuda.w4a8_matmul(x_q, x_s, w_packed, w_s, gs, out_dtype=torch.bfloat16),
-                     args.runs, args.cuda)
+    ours = median_ms(
+        lambda: cuda.w4a8_matmul(x_q, x_s, w_packed, w_s, gs, out_dtype=torch.bfloat16), args.runs, args.cuda
+    )
     try:
         int_mm = median_ms(lambda: torch._int_mm(x_q, w.t()), args.runs, args.cuda)
     except RuntimeError:  # shapes torch._int_mm rejects
         int_mm = None
     bf16 = median_ms(lambda: x_bf @ w_bf.t(), args.runs, args.cuda)
     tflop = 2 * m * n * k / 1e12
-    report(args, {"bench": "w4a8_matmul", "shape": f"M{m} N{n} K{k}",
-                  "scales": f"group {group}" if group else "per-channel", "ms": round(ours, 4),
-                  "TFLOP/s": round(tflop / (ours / 1e3), 1),
-                  "torch._int_mm (int8 weights) ms": None if int_mm is None else round(int_mm, 4),
-                  "ratio ours/_int_mm (speed)": None if int_mm is None else round(int_mm / ours, 3),
-                  "bf16 matmul ms": round(bf16, 4), "ratio ours/bf16 (speed)": round(bf16 / ours, 3)})
+    report(
+        args,
+        {
+            "bench": "w4a8_matmul",
+            "shape": f"M{m} N{n} K{k}",
+            "scales": f"group {group}" if group else "per-channel",
+            "ms": round(ours, 4),
+            "TFLOP/s": round(tflop / (ours / 1e3), 1),
+            "torch._int_mm (int8 weights) ms": None if int_mm is None else round(int_mm, 4),
+            "ratio ours/_int_mm (speed)": None if int_mm is None else round(int_mm / ours, 3),
+            "bf16 matmul ms": round(bf16, 4),
+            "ratio ours/bf16 (speed)": round(bf16 / ours, 3),
+        },
+    )
 
 
 def main() -> None:

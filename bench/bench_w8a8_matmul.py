@@ -46,16 +46,26 @@ def _one(args, cuda, m: int, n: int, k: int, what: str) -> None:
     x_s = torch.rand(m, device=dev) * 0.02
     w_s = torch.rand(n, device=dev) * 0.01
     x_bf, w_bf = x_q.to(torch.bfloat16), w_q.to(torch.bfloat16)
-    ours = median_ms(lambda: cuda.w8a8_matmul(x_q, x_s, w_q, w_s, out_dtype=torch.bfloat16), args.runs,
-                     args.cuda)
+    ours = median_ms(
+        lambda: cuda.w8a8_matmul(x_q, x_s, w_q, w_s, out_dtype=torch.bfloat16), args.runs, args.cuda
+    )
     int_mm = _maybe_ms(lambda: torch._int_mm(x_q, w_q.t()), args)
     bf16 = median_ms(lambda: x_bf @ w_bf.t(), args.runs, args.cuda)
     tflop = 2 * m * n * k / 1e12
-    report(args, {"bench": "w8a8_matmul", "shape": f"M{m} N{n} K{k}", "what": what, "ms": round(ours, 4),
-                  "TFLOP/s": round(tflop / (ours / 1e3), 1),
-                  "torch._int_mm ms": None if int_mm is None else round(int_mm, 4),
-                  "ratio ours/_int_mm (speed)": None if int_mm is None else round(int_mm / ours, 3),
-                  "bf16 matmul ms": round(bf16, 4), "ratio ours/bf16 (speed)": round(bf16 / ours, 3)})
+    report(
+        args,
+        {
+            "bench": "w8a8_matmul",
+            "shape": f"M{m} N{n} K{k}",
+            "what": what,
+            "ms": round(ours, 4),
+            "TFLOP/s": round(tflop / (ours / 1e3), 1),
+            "torch._int_mm ms": None if int_mm is None else round(int_mm, 4),
+            "ratio ours/_int_mm (speed)": None if int_mm is None else round(int_mm / ours, 3),
+            "bf16 matmul ms": round(bf16, 4),
+            "ratio ours/bf16 (speed)": round(bf16 / ours, 3),
+        },
+    )
 
 
 def main() -> None:

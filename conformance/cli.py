@@ -221,8 +221,9 @@ def check_outputs(paths: dict[str, str | None]) -> dict[str, str]:
             raise click.BadParameter(problem, param_hint=f"'{opt}'")
         key = str(Path(p).absolute())
         if key in seen:
-            raise click.BadParameter(f"{p!r} is also the {seen[key]} report; give each its own file",
-                                     param_hint=f"'{opt}'")
+            raise click.BadParameter(
+                f"{p!r} is also the {seen[key]} report; give each its own file", param_hint=f"'{opt}'"
+            )
         seen[key] = opt
     return given
 

@@ -282,8 +282,10 @@ def main(names, ops, suite, case_glob, dtypes, json_path, console) -> int:
     from conformance import cases
 
     if len(names) != 2:
-        print(f"error: --diff: expected exactly two --backend names, got {len(names)} ({', '.join(names)})",
-              file=sys.stderr)
+        print(
+            f"error: --diff: expected exactly two --backend names, got {len(names)} ({', '.join(names)})",
+            file=sys.stderr,
+        )
         return 2
     try:
         a, b = (backends.get(n) for n in names)

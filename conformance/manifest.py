@@ -146,10 +146,15 @@ def parse(data: Any, path: str = "<manifest>") -> Manifest:
                     if k in item:
                         v = item[k]
                         # NaN compares false with everything: a NaN bound would pass every comparison
-                        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                                or v < 0:
-                            raise _err(path, i, section, f"{k}: expected a finite non-negative number, "
-                                       f"got {v!r}")
+                        if (
+                            isinstance(v, bool)
+                            or not isinstance(v, (int, float))
+                            or not math.isfinite(v)
+                            or v < 0
+                        ):
+                            raise _err(
+                                path, i, section, f"{k}: expected a finite non-negative number, got {v!r}"
+                            )
                         e.params[k] = float(v)
                 if not e.params:
                     raise _err(path, i, section, f"give at least one of {TOL_KEYS}")

@@ -238,7 +238,12 @@ def write_junit(runs: Sequence[BackendRun], path: str, header: Header | None = N
     for b in header.backends if header else []:
         if b["name"] not in ran:  # one skipped case per backend that did not run, with the reason
             suite = ET.SubElement(
-                root, "testsuite", name=f"conformance.{b['name']}", tests="1", failures="0", errors="0",
+                root,
+                "testsuite",
+                name=f"conformance.{b['name']}",
+                tests="1",
+                failures="0",
+                errors="0",
                 skipped="1",
             )
             tc = ET.SubElement(suite, "testcase", classname=f"conformance.{b['name']}", name="backend")

@@ -84,8 +84,9 @@ def checked_tensor(name: str, t: torch.Tensor, file: Path, dtypes: Any = None) -
     is not one of `dtypes` (None: any) or it holds NaN or inf (no tensor of the model may)."""
     if dtypes is not None and t.dtype not in dtypes:
         want = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
-        raise BadCheckpointFile(file, f"tensor {name}: expected dtype {want}, got "
-                                      f"{str(t.dtype).removeprefix('torch.')}")
+        raise BadCheckpointFile(
+            file, f"tensor {name}: expected dtype {want}, got {str(t.dtype).removeprefix('torch.')}"
+        )
     if _nonfinite(t):
         raise BadCheckpointFile(file, f"tensor {name} holds NaN or inf")
     return t
@@ -224,8 +225,9 @@ def weight_files(path: Path, index_name: str = INDEX_FILE) -> dict[str, Path]:
                 held = set(h.keys())
             absent = sorted(k for k, file in wmap.items() if file == v and k not in held)
             if absent:
-                raise BadCheckpointFile(f, f"lacks {len(absent)} tensor(s) {index_name} places there: "
-                                           f"{', '.join(absent[:5])}")
+                raise BadCheckpointFile(
+                    f, f"lacks {len(absent)} tensor(s) {index_name} places there: {', '.join(absent[:5])}"
+                )
         return {k: files[v] for k, v in wmap.items()}
     out: dict[str, Path] = {}
     for f in sorted(path.glob("*.safetensors")):
@@ -233,8 +235,11 @@ def weight_files(path: Path, index_name: str = INDEX_FILE) -> dict[str, Path]:
         with open_tensors(f) as h:
             for k in h.keys():
                 if k in out:
-                    raise BadCheckpointFile(path, f"tensor {k} is in both {out[k].name} and {f.name} (and no "
-                                                  f"{index_name} says which to use)")
+                    raise BadCheckpointFile(
+                        path,
+                        f"tensor {k} is in both {out[k].name} and {f.name} (and no "
+                        f"{index_name} says which to use)",
+                    )
                 out[k] = f
     if not out:
         raise NotACheckpoint(f"{path} is not a checkpoint: no {index_name} and no *.safetensors")
@@ -253,7 +258,11 @@ def without_absent_mtp(config: GLM5Config, names: Any, path: Path) -> GLM5Config
         return config
     log.warning(
         "%s: no tensors for MTP layer(s) %d-%d (num_nextn_predict_layers=%d): loaded with %d MTP layer(s)%s",
-        path, n + keep, n + declared - 1, declared, keep,
+        path,
+        n + keep,
+        n + declared - 1,
+        declared,
+        keep,
         "; speculative decoding (--mtp) is unavailable" if keep == 0 else "",
     )
     return dataclasses.replace(config, num_nextn_predict_layers=keep)
@@ -269,7 +278,10 @@ def expected_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def fit_report(
-    model: torch.nn.Module, present: Any, shape_of: Any, copies: dict[str, str],
+    model: torch.nn.Module,
+    present: Any,
+    shape_of: Any,
+    copies: dict[str, str],
     expected: dict[str, tuple[int, ...]] | None = None,
 ) -> tuple[list[str], list[str], list[str]]:
     """(missing, unexpected, mis-shaped) tensors of a checkpoint holding the names `present`, with stored
@@ -365,8 +377,9 @@ class ShardWriter:
         if again:
             raise ValueError(f"checkpoint: tensor(s) written twice: {', '.join(again[:5])}")
         fname = f"part-{len(self._parts):05d}.safetensors"
-        fsio.save_tensors({k: t.contiguous() for k, t in tensors.items()}, self.tmp / fname,
-                          metadata={"format": "pt"})
+        fsio.save_tensors(
+            {k: t.contiguous() for k, t in tensors.items()}, self.tmp / fname, metadata={"format": "pt"}
+        )
         self._parts.append((fname, list(tensors)))
         self.names.update(tensors)
         self.total_size += sum(t.numel() * t.element_size() for t in tensors.values())
@@ -396,8 +409,13 @@ class ShardWriter:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def write_shards(path: str | Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
-                 max_shard_size: int, extra_files: dict[str, Any] | None = None) -> None:
+def write_shards(
+    path: str | Path,
+    config: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    max_shard_size: int,
+    extra_files: dict[str, Any] | None = None,
+) -> None:
     """Write a whole checkpoint held in memory, in shards of at most `max_shard_size` bytes (a tensor
     larger than that gets a shard of its own), atomically (ShardWriter)."""
     with ShardWriter(path) as w:

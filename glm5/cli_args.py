@@ -61,15 +61,23 @@ def model_option(
         return _checked(value, quantized)
 
     def deco(f: Callable) -> Callable:
-        f = click.option("--model", "model_path", default=None, metavar="DIR", help=help, callback=resolve,
-                         is_eager=False)(f)
+        f = click.option(
+            "--model", "model_path", default=None, metavar="DIR", help=help, callback=resolve, is_eager=False
+        )(f)
         for a in aliases:
             if a.startswith("--"):
-                f = click.option(a, expose_value=False, hidden=True, is_eager=True, callback=remember,
-                                 metavar="DIR")(f)
+                f = click.option(
+                    a, expose_value=False, hidden=True, is_eager=True, callback=remember, metavar="DIR"
+                )(f)
             else:
-                f = click.argument(a, required=False, expose_value=False, is_eager=True, callback=remember,
-                                   cls=_HiddenArgument)(f)
+                f = click.argument(
+                    a,
+                    required=False,
+                    expose_value=False,
+                    is_eager=True,
+                    callback=remember,
+                    cls=_HiddenArgument,
+                )(f)
         return f
 
     return deco
@@ -180,8 +188,10 @@ def check_positions(config: Any, used: int, hint: str, what: str) -> None:
     model's max_position_embeddings."""
     limit = config.max_position_embeddings
     if used > limit:
-        raise click.BadParameter(f"{what}: {used} positions, more than this model's "
-                                 f"max_position_embeddings={limit}", param_hint=hint)
+        raise click.BadParameter(
+            f"{what}: {used} positions, more than this model's max_position_embeddings={limit}",
+            param_hint=hint,
+        )
 
 
 def one_writer(

@@ -185,8 +185,9 @@ class GLM5Config:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
             if not isinstance(data, dict):
-                raise ValueError(f"expected a JSON object (a Hugging Face config.json), got a JSON "
-                                 f"{type(data).__name__}")
+                raise ValueError(
+                    f"expected a JSON object (a Hugging Face config.json), got a JSON {type(data).__name__}"
+                )
             return cls.from_dict(data)
         except OSError as exc:
             raise ValueError(f"cannot read {str(path)!r}: {exc.strerror}") from None
@@ -210,16 +211,45 @@ class GLM5Config:
 #: inclusive (low, high) bounds of numeric fields (each entry of a list field); the types come from the
 #: field annotations (bool is not an int, 64.0 is not an int)
 _RANGES: dict[str, tuple[float, float]] = {
-    **{f: (1, math.inf) for f in (
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "max_position_embeddings", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-        "qk_rope_head_dim", "v_head_dim", "index_topk", "index_n_heads", "index_head_dim", "index_topk_freq",
-        "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_group", "topk_group",
-    )},
-    **{f: (0, math.inf) for f in (
-        "n_shared_experts", "first_k_dense_replace", "index_skip_topk_offset", "num_nextn_predict_layers",
-        "pad_token_id", "bos_token_id", "eos_token_id", "initializer_range",
-    )},
+    **{
+        f: (1, math.inf)
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+            "index_topk",
+            "index_n_heads",
+            "index_head_dim",
+            "index_topk_freq",
+            "n_routed_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "n_group",
+            "topk_group",
+        )
+    },
+    **{
+        f: (0, math.inf)
+        for f in (
+            "n_shared_experts",
+            "first_k_dense_replace",
+            "index_skip_topk_offset",
+            "num_nextn_predict_layers",
+            "pad_token_id",
+            "bos_token_id",
+            "eos_token_id",
+            "initializer_range",
+        )
+    },
 }
 #: bounds whose low end is excluded (an eps, a scale)
 _OPEN_LOW: dict[str, tuple[float, float]] = {"rms_norm_eps": (0, 1), "routed_scaling_factor": (0, math.inf)}

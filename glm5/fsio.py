@@ -135,8 +135,10 @@ def exclusive(lock: str | Path, what: str | Path | None = None) -> Iterator[None
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
             os.close(fd)
             who = f"pid {holder}" if holder.isdigit() else "pid unknown"
-            raise OutputBusy(f"{what or lock} is being written by another process ({who}); wait for it to "
-                             "finish or choose another output") from None
+            raise OutputBusy(
+                f"{what or lock} is being written by another process ({who}); wait for it to "
+                "finish or choose another output"
+            ) from None
         except BaseException:
             os.close(fd)
             raise

@@ -216,29 +216,47 @@ def _finite_temperature(ctx: click.Context, param: click.Parameter, value: float
 @click.command()
 @model_option(aliases=("--checkpoint",))
 @click.option(
-    "--preset", default=None, callback=check_preset,
+    "--preset",
+    default=None,
+    callback=check_preset,
     help="Random weights from glm5/presets/<name>.yaml instead of --model.",
 )
 @click.option("--backend", default=None, help="Backend name (default: $GLM5_BACKEND or cpu).")
 @click.option("--prompt-ids", default=None, callback=_prompt_ids, help="Comma-separated prompt token ids.")
 @click.option(
-    "--prompt-len", default=16, show_default=True, type=click.IntRange(min=1),
+    "--prompt-len",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=1),
     help="Random prompt length when --prompt-ids is absent.",
 )
 @click.option(
-    "--max-new-tokens", default=32, show_default=True, type=click.IntRange(min=1),
+    "--max-new-tokens",
+    default=32,
+    show_default=True,
+    type=click.IntRange(min=1),
     help="Tokens to generate (prompt + these must fit the model's max_position_embeddings).",
 )
 @click.option(
-    "--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0),
-    callback=_finite_temperature, help="0 = greedy.",
+    "--temperature",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    callback=_finite_temperature,
+    help="0 = greedy.",
 )
 @click.option(
-    "--mtp", "num_draft", default=0, show_default=True, type=click.IntRange(min=0, max=MAX_DRAFT),
+    "--mtp",
+    "num_draft",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0, max=MAX_DRAFT),
     help=f"Speculative tokens drafted by the MTP layer per round (at most {MAX_DRAFT}).",
 )
 @click.option(
-    "--block-size", default=None, type=click.IntRange(min=1),
+    "--block-size",
+    default=None,
+    type=click.IntRange(min=1),
     help="Paged caches with this block size (default ragged).",
 )
 @click.option("--seed", default=0, show_default=True)
@@ -270,16 +288,24 @@ def generate_cmd(
             model = GLM5ForCausalLM(GLM5Config.from_preset(preset), backend=be)
             model.init_weights(seed)
     if num_draft and model.config.num_nextn_predict_layers < 1:
-        raise click.BadParameter("this checkpoint has no MTP layer (num_nextn_predict_layers=0): speculative "
-                                 "decoding is unavailable; use --mtp 0", param_hint="'--mtp'")
+        raise click.BadParameter(
+            "this checkpoint has no MTP layer (num_nextn_predict_layers=0): speculative "
+            "decoding is unavailable; use --mtp 0",
+            param_hint="'--mtp'",
+        )
     if prompt_ids and max(prompt_ids) >= model.config.vocab_size:
-        raise click.BadParameter(f"token ids must be < vocab_size={model.config.vocab_size}",
-                                 param_hint="'--prompt-ids'")
+        raise click.BadParameter(
+            f"token ids must be < vocab_size={model.config.vocab_size}", param_hint="'--prompt-ids'"
+        )
     n_prompt = len(prompt_ids) if prompt_ids else prompt_len
     prompt_hint = "'--prompt-ids'" if prompt_ids else "'--prompt-len'"
     check_positions(model.config, n_prompt, prompt_hint, "the prompt")
-    check_positions(model.config, n_prompt + max_new_tokens, "'--max-new-tokens'",
-                    f"the prompt ({n_prompt}) + {max_new_tokens} new tokens")
+    check_positions(
+        model.config,
+        n_prompt + max_new_tokens,
+        "'--max-new-tokens'",
+        f"the prompt ({n_prompt}) + {max_new_tokens} new tokens",
+    )
     model.requires_grad_(False)  # inference: lets inference-only backends (onnxruntime) take the weights
     dev = model.backend.device
     if prompt_ids:
@@ -297,8 +323,10 @@ def generate_cmd(
             else generate(model, ids, max_new_tokens, **kw)
         )
     except NotSupported as exc:  # e.g. an FP8 checkpoint on a backend without the FP8 ops
-        raise click.BadParameter(f"{str(exc).splitlines()[0]}; choose another backend for this checkpoint",
-                                 param_hint="'--backend'") from None
+        raise click.BadParameter(
+            f"{str(exc).splitlines()[0]}; choose another backend for this checkpoint",
+            param_hint="'--backend'",
+        ) from None
     report = {
         "backend": model.backend.name,
         "prompt": ids[0].tolist(),

@@ -45,25 +45,41 @@ def tile_queries(tiles_ptr, cuq_ptr, seqk_ptr, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def load_queries(q_ptr, sq_t, sq_h, w_ptr, sw_t, t, tmask, H, D,
-                 BLOCK_T: tl.constexpr, HP: tl.constexpr, BD: tl.constexpr):
+def load_queries(
+    q_ptr, sq_t, sq_h, w_ptr, sw_t, t, tmask, H, D, BLOCK_T: tl.constexpr, HP: tl.constexpr, BD: tl.constexpr
+):
     """q as [BLOCK_T*HP, BD] (row = query * HP + head) and weights [BLOCK_T, HP] fp32 (0 on padding)."""
     r = tl.arange(0, BLOCK_T * HP)
     rt = tl.min(t, axis=0) + r // HP  # the tile's queries are consecutive rows
     rh = r % HP
     d = tl.arange(0, BD)
     rmask = (rh < H) & tl.reshape(tl.broadcast_to(tmask[:, None], (BLOCK_T, HP)), (BLOCK_T * HP,))
-    q = tl.load(q_ptr + rt.to(tl.int64)[:, None] * sq_t + rh[:, None] * sq_h + d[None, :],
-                mask=rmask[:, None] & (d[None, :] < D), other=0.0)
+    q = tl.load(
+        q_ptr + rt.to(tl.int64)[:, None] * sq_t + rh[:, None] * sq_h + d[None, :],
+        mask=rmask[:, None] & (d[None, :] < D),
+        other=0.0,
+    )
     h = tl.arange(0, HP)
-    w = tl.load(w_ptr + t.to(tl.int64)[:, None] * sw_t + h[None, :], mask=tmask[:, None] & (h[None, :] < H),
-                other=0.0)
+    w = tl.load(
+        w_ptr + t.to(tl.int64)[:, None] * sw_t + h[None, :], mask=tmask[:, None] & (h[None, :] < H), other=0.0
+    )
     return q, w
 
 
 @triton.jit
-def score_tile(q, w, k_ptr, rows, pmask, D, BLOCK_T: tl.constexpr, HP: tl.constexpr, BD: tl.constexpr,
-               BS: tl.constexpr, IEEE: tl.constexpr):
+def score_tile(
+    q,
+    w,
+    k_ptr,
+    rows,
+    pmask,
+    D,
+    BLOCK_T: tl.constexpr,
+    HP: tl.constexpr,
+    BD: tl.constexpr,
+    BS: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     """Scores [BLOCK_T, BS] fp32 of the keys at physical `rows` [BS] (cache rows contiguous of width D)."""
     d = tl.arange(0, BD)
     key = tl.load(k_ptr + rows[:, None] * D + d[None, :], mask=pmask[:, None] & (d[None, :] < D), other=0.0)

@@ -24,8 +24,18 @@ _RNE_MAGIC = tl.constexpr(12582912.0)
 
 
 @triton.jit
-def _dynamic_quant_int8_kernel(x_ptr, xq_ptr, scale_ptr, M, K, stride_xm, stride_xk, stride_qm,
-                               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dynamic_quant_int8_kernel(
+    x_ptr,
+    xq_ptr,
+    scale_ptr,
+    M,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_qm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = rm < M
     rm64 = rm.to(tl.int64)
@@ -47,8 +57,8 @@ def _dynamic_quant_int8_kernel(x_ptr, xq_ptr, scale_ptr, M, K, stride_xm, stride
         mask = mask_m[:, None] & (kk < K)[None, :]
         x = tl.load(x_ptr + rm64[:, None] * stride_xm + kk[None, :] * stride_xk, mask=mask, other=0.0)
         q = tl.math.div_rn(x.to(tl.float32), scale[:, None])
-        q = (q + _RNE_MAGIC) - _RNE_MAGIC                                    # round half to even
-        q = tl.where(q != q, 0.0, tl.minimum(tl.maximum(q, -127.0), 127.0))   # a NaN quotient is code 0
+        q = (q + _RNE_MAGIC) - _RNE_MAGIC  # round half to even
+        q = tl.where(q != q, 0.0, tl.minimum(tl.maximum(q, -127.0), 127.0))  # a NaN quotient is code 0
         tl.store(xq_ptr + rm64[:, None] * stride_qm + kk[None, :], q.to(tl.int8), mask=mask)
 
 
@@ -68,7 +78,8 @@ def dynamic_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     block_k = min(triton.next_power_of_2(k), 2048 if big else 1024)
     block_m = max(1, min((32768 if big else 4096) // block_k, triton.next_power_of_2(m), 64 if big else 16))
     grid = (triton.cdiv(m, block_m),)
-    _dynamic_quant_int8_kernel[grid](x, x_q, scale, m, k, x.stride(0), x.stride(1), x_q.stride(0),
-                                     BLOCK_M=block_m, BLOCK_K=block_k)
+    _dynamic_quant_int8_kernel[grid](
+        x, x_q, scale, m, k, x.stride(0), x.stride(1), x_q.stride(0), BLOCK_M=block_m, BLOCK_K=block_k
+    )
     count_launch("dynamic_quant_int8")
     return x_q, scale

@@ -28,29 +28,75 @@ FLOAT, W8A8, W4A8 = 0, 1, 2
 
 
 @triton.jit
-def float_tile(x_ptr, w_ptr, rm, rn, mask_m, mask_n, K, stride_xm, stride_xk, stride_wn, stride_wk,
-               PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def float_tile(
+    x_ptr,
+    w_ptr,
+    rm,
+    rn,
+    mask_m,
+    mask_n,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """fp32 [BLOCK_M, BLOCK_N] = x[rm, :K] @ w[rn, :K]^T with fp32 accumulation."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         mask_k = kk < K
-        a = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        b = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
-                    mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        a = tl.load(
+            x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
+            mask=mask_m[:, None] & mask_k[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
+            mask=mask_k[:, None] & mask_n[None, :],
+            other=0.0,
+        )
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
 
 
 @triton.jit
-def _grouped_matmul_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, offs_ptr, tile_expert_ptr, tile_first_ptr,
-                           N, K, E, group_size, num_groups, stride_xm, stride_xk, stride_we, stride_wn,
-                           stride_wk, stride_se, stride_sn, stride_sg, stride_om,
-                           VARIANT: tl.constexpr, PRECISION: tl.constexpr, OUT_DTYPE: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           GROUP_IS_STEP: tl.constexpr):
+def _grouped_matmul_kernel(
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    out_ptr,
+    offs_ptr,
+    tile_expert_ptr,
+    tile_first_ptr,
+    N,
+    K,
+    E,
+    group_size,
+    num_groups,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_se,
+    stride_sn,
+    stride_sg,
+    stride_om,
+    VARIANT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_IS_STEP: tl.constexpr,
+):
     tile = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_expert_ptr + tile)
@@ -64,24 +110,76 @@ def _grouped_matmul_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, offs_ptr, tile
     mask_n = rn < N
     w_e = w_ptr + e.to(tl.int64) * stride_we
     if VARIANT == 0:
-        out = float_tile(x_ptr, w_e, rm, rn, mask_m, mask_n, K, stride_xm, stride_xk, stride_wn, stride_wk,
-                         PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+        out = float_tile(
+            x_ptr,
+            w_e,
+            rm,
+            rn,
+            mask_m,
+            mask_n,
+            K,
+            stride_xm,
+            stride_xk,
+            stride_wn,
+            stride_wk,
+            PRECISION,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
     elif VARIANT == 1:
-        acc = int8_tile(x_ptr, w_e, rm, rn, mask_m, mask_n, K, stride_xm, stride_xk, stride_wn, stride_wk,
-                        BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = int8_tile(
+            x_ptr,
+            w_e,
+            rm,
+            rn,
+            mask_m,
+            mask_n,
+            K,
+            stride_xm,
+            stride_xk,
+            stride_wn,
+            stride_wk,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
         ws = tl.load(ws_ptr + e.to(tl.int64) * stride_se + rn * stride_sn, mask=mask_n, other=0.0)
         out = scale_epilogue(acc, tl.load(xs_ptr + rm, mask=mask_m, other=0.0), ws)
     else:
-        total = w4a8_tile(x_ptr, w_e, ws_ptr + e.to(tl.int64) * stride_se, rm, rn, mask_m, mask_n, K,
-                          group_size, num_groups, stride_xm, stride_xk, stride_wn, stride_wk, stride_sn,
-                          stride_sg, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_IS_STEP)
+        total = w4a8_tile(
+            x_ptr,
+            w_e,
+            ws_ptr + e.to(tl.int64) * stride_se,
+            rm,
+            rn,
+            mask_m,
+            mask_n,
+            K,
+            group_size,
+            num_groups,
+            stride_xm,
+            stride_xk,
+            stride_wn,
+            stride_wk,
+            stride_sn,
+            stride_sg,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            GROUP_IS_STEP,
+        )
         out = tl.load(xs_ptr + rm, mask=mask_m, other=0.0)[:, None] * total
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], out.to(OUT_DTYPE),
-             mask=mask_m[:, None] & mask_n[None, :])
+    tl.store(
+        out_ptr + rm[:, None] * stride_om + rn[None, :],
+        out.to(OUT_DTYPE),
+        mask=mask_m[:, None] & mask_n[None, :],
+    )
 
 
-def tile_schedule(group_offsets: torch.Tensor, m: int, block_m: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+def tile_schedule(
+    group_offsets: torch.Tensor, m: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """group_offsets int [E+1] -> (offsets int32 [E+1], tile_expert int32 [T_max], tile_first int32 [E],
     T_max).
 
@@ -89,8 +187,8 @@ def tile_schedule(group_offsets: torch.Tensor, m: int, block_m: int
     without reading it back, so the launch never waits on the host."""
     offs = group_offsets.to(torch.int32).contiguous()
     e = offs.numel() - 1
-    tiles = (offs[1:] - offs[:-1] + block_m - 1) // block_m                 # [E] M-tiles per expert
-    last = torch.cumsum(tiles, 0, dtype=torch.int32)                        # [E] one past each expert's tiles
+    tiles = (offs[1:] - offs[:-1] + block_m - 1) // block_m  # [E] M-tiles per expert
+    last = torch.cumsum(tiles, 0, dtype=torch.int32)  # [E] one past each expert's tiles
     first = (last - tiles).contiguous()
     # Every non-empty tile holds at least one row, and sum ceil(rows_e / B) <= ceil(M / B) + E.
     t_max = max(1, min(m, triton.cdiv(m, block_m) + e))
@@ -113,9 +211,15 @@ def _config(variant: int, m: int, e: int) -> tuple[int, int, int, int, int]:
     return bm, 128, 128, 4 if bm <= 64 else 8, 4
 
 
-def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor,
-                   x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
-                   group_size: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def grouped_matmul(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    group_offsets: torch.Tensor,
+    x_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+    group_size: int | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """Rows group_offsets[e]:group_offsets[e+1] of x times w[e]^T, for every expert, in one launch.
 
     float: x [M, K], w [E, N, K] same float dtype -> [M, N] out_dtype (default x.dtype);
@@ -141,20 +245,59 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor
     grid = (t_max, triton.cdiv(n, bn))
     extra = {} if interpreter_active() else dict(num_warps=warps, num_stages=stages, enable_fp_fusion=False)
     _grouped_matmul_kernel[grid](
-        x, xs, w, ws, out, offs, tile_expert, tile_first, n, k, e,
-        group_size or 0, (k // group_size) if group_size else 0,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), *ws_strides, out.stride(0),
-        VARIANT=variant, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        OUT_DTYPE=TL_DTYPES[out_dtype], BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_IS_STEP=group_size == bk,
-        **extra)
+        x,
+        xs,
+        w,
+        ws,
+        out,
+        offs,
+        tile_expert,
+        tile_first,
+        n,
+        k,
+        e,
+        group_size or 0,
+        (k // group_size) if group_size else 0,
+        x.stride(0),
+        x.stride(1),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        *ws_strides,
+        out.stride(0),
+        VARIANT=variant,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        OUT_DTYPE=TL_DTYPES[out_dtype],
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_IS_STEP=group_size == bk,
+        **extra,
+    )
     count_launch("grouped_matmul")
     return out
 
 
 @triton.jit
-def _grouped_dw_kernel(dy_ptr, x_ptr, dw_ptr, offs_ptr, N, K, stride_dym, stride_dyn, stride_xm, stride_xk,
-                       stride_we, stride_wn, PRECISION: tl.constexpr, OUT_DTYPE: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _grouped_dw_kernel(
+    dy_ptr,
+    x_ptr,
+    dw_ptr,
+    offs_ptr,
+    N,
+    K,
+    stride_dym,
+    stride_dyn,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wn,
+    PRECISION: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """dw[e, n-tile, k-tile] = dy[rows of e, n-tile]^T @ x[rows of e, k-tile], fp32 accumulation in row
     order; the rows of e are read from offs on the device (an expert with no rows stores zeros)."""
     e = tl.program_id(0)
@@ -168,17 +311,24 @@ def _grouped_dw_kernel(dy_ptr, x_ptr, dw_ptr, offs_ptr, N, K, stride_dym, stride
     for m0 in range(row_lo, row_hi, BLOCK_M):
         rm = m0 + tl.arange(0, BLOCK_M)
         mask_m = rm < row_hi
-        a = tl.load(dy_ptr + rn[:, None] * stride_dyn + rm[None, :] * stride_dym,
-                    mask=mask_n[:, None] & mask_m[None, :], other=0.0)
-        b = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk,
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        a = tl.load(
+            dy_ptr + rn[:, None] * stride_dyn + rm[None, :] * stride_dym,
+            mask=mask_n[:, None] & mask_m[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk,
+            mask=mask_m[:, None] & mask_k[None, :],
+            other=0.0,
+        )
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     out = dw_ptr + e.to(tl.int64) * stride_we + rn[:, None] * stride_wn + rk[None, :]
     tl.store(out, acc.to(OUT_DTYPE), mask=mask_n[:, None] & mask_k[None, :])
 
 
-def grouped_matmul_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_matmul_backward(
+    dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) of the float variant, two launches, no host read:
     dx = the forward kernel on dy with w's [E, K, N] transposed *view* (dx[rows of e] = dy @ w[e]);
     dw = `_grouped_dw_kernel` (dw[e] = dy[rows of e]^T @ x[rows of e], zero for an empty expert).
@@ -194,8 +344,24 @@ def grouped_matmul_backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, 
     extra = {} if interpreter_active() else dict(num_warps=4, num_stages=3, enable_fp_fusion=False)
     grid = (e, triton.cdiv(n, bn), triton.cdiv(k, bk))
     _grouped_dw_kernel[grid](
-        dy, x, dw, offs, n, k, dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), dw.stride(0),
-        dw.stride(1), PRECISION="ieee" if x.dtype == torch.float32 else "tf32", OUT_DTYPE=TL_DTYPES[w.dtype],
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **extra)
+        dy,
+        x,
+        dw,
+        offs,
+        n,
+        k,
+        dy.stride(0),
+        dy.stride(1),
+        x.stride(0),
+        x.stride(1),
+        dw.stride(0),
+        dw.stride(1),
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        OUT_DTYPE=TL_DTYPES[w.dtype],
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        **extra,
+    )
     count_launch("grouped_matmul_dw")
     return dx, dw

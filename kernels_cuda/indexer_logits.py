@@ -27,10 +27,33 @@ from kernels_cuda._launches import count_launch, interpreter_active
 
 
 @triton.jit
-def _indexer_logits_kernel(q_ptr, sq_t, sq_h, k_ptr, ks_ptr, w_ptr, sw_t, out_ptr, s_max, tiles_ptr, cuq_ptr,
-                           seqk_ptr, cuk_ptr, bt_ptr, bt_stride, block_size, H, D,
-                           PAGED: tl.constexpr, BLOCK_T: tl.constexpr, HP: tl.constexpr, BD: tl.constexpr,
-                           BS: tl.constexpr, IEEE: tl.constexpr, KSCALE: tl.constexpr):
+def _indexer_logits_kernel(
+    q_ptr,
+    sq_t,
+    sq_h,
+    k_ptr,
+    ks_ptr,
+    w_ptr,
+    sw_t,
+    out_ptr,
+    s_max,
+    tiles_ptr,
+    cuq_ptr,
+    seqk_ptr,
+    cuk_ptr,
+    bt_ptr,
+    bt_stride,
+    block_size,
+    H,
+    D,
+    PAGED: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    HP: tl.constexpr,
+    BD: tl.constexpr,
+    BS: tl.constexpr,
+    IEEE: tl.constexpr,
+    KSCALE: tl.constexpr,
+):
     b, t, tmask, vis, vis_max = tile_queries(tiles_ptr, cuq_ptr, seqk_ptr, BLOCK_T)
     pos = tl.program_id(1) * BS + tl.arange(0, BS)
     scores = tl.full((BLOCK_T, BS), float("-inf"), tl.float32)
@@ -42,14 +65,24 @@ def _indexer_logits_kernel(q_ptr, sq_t, sq_h, k_ptr, ks_ptr, w_ptr, sw_t, out_pt
         if KSCALE:  # FP8 keys: one fp32 scale per key, after the head sum (SPEC 7.4)
             scores = scores * tl.load(ks_ptr + rows, mask=pmask, other=0.0)[None, :]
         scores = tl.where(pos[None, :] < vis[:, None], scores, float("-inf"))
-    tl.store(out_ptr + t.to(tl.int64)[:, None] * s_max + pos[None, :], scores,
-             mask=tmask[:, None] & (pos[None, :] < s_max))
+    tl.store(
+        out_ptr + t.to(tl.int64)[:, None] * s_max + pos[None, :],
+        scores,
+        mask=tmask[:, None] & (pos[None, :] < s_max),
+    )
 
 
-def indexer_logits(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                   seqlens_k: torch.Tensor, cu_seqlens_k: torch.Tensor | None,
-                   block_table: torch.Tensor | None, s_max: int,
-                   k_scale: torch.Tensor | None = None) -> torch.Tensor:
+def indexer_logits(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    weights: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    s_max: int,
+    k_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q: [T, H_I, D_I]; k_cache: ragged [rows, D_I] or paged [nb, bs, D_I] (dtype of q);
     weights: [T, H_I] fp32; cu_seqlens_q [B+1], seqlens_k [B], exactly one of cu_seqlens_k [B+1] /
     block_table [B, max_blocks] (int32);
@@ -75,8 +108,31 @@ def indexer_logits(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor
     meta = block_table if paged else cu_seqlens_k
     count_launch("fp8_indexer_logits" if fp8 else "indexer_logits")
     _indexer_logits_kernel[(tiles.shape[0], triton.cdiv(s_max, bs))](
-        q, q.stride(0), q.stride(1), k_cache, k_scale if fp8 else weights, weights, weights.stride(0), out,
-        s_max, tiles, cu_seqlens_q, seqlens_k, meta, meta, block_table.stride(0) if paged else 0, block_size,
-        h_i, d_i, PAGED=paged, BLOCK_T=block_t, HP=hp, BD=bd, BS=bs, IEEE=q.dtype == torch.float32,
-        KSCALE=fp8, num_warps=4)
+        q,
+        q.stride(0),
+        q.stride(1),
+        k_cache,
+        k_scale if fp8 else weights,
+        weights,
+        weights.stride(0),
+        out,
+        s_max,
+        tiles,
+        cu_seqlens_q,
+        seqlens_k,
+        meta,
+        meta,
+        block_table.stride(0) if paged else 0,
+        block_size,
+        h_i,
+        d_i,
+        PAGED=paged,
+        BLOCK_T=block_t,
+        HP=hp,
+        BD=bd,
+        BS=bs,
+        IEEE=q.dtype == torch.float32,
+        KSCALE=fp8,
+        num_warps=4,
+    )
     return out

@@ -35,11 +35,37 @@ MAX_TOPK = 8192
 
 
 @triton.jit
-def _indexer_topk_kernel(q_ptr, sq_t, sq_h, k_ptr, ks_ptr, w_ptr, sw_t, out_ptr, topk, tiles_ptr, cuq_ptr,
-                         seqk_ptr, cuk_ptr, bt_ptr, bt_stride, block_size, skey_ptr, scol_ptr, H, D,
-                         PAGED: tl.constexpr, BLOCK_T: tl.constexpr, HP: tl.constexpr, BD: tl.constexpr,
-                         BS: tl.constexpr, IEEE: tl.constexpr, CAP: tl.constexpr, BLOCK_K: tl.constexpr,
-                         KSCALE: tl.constexpr):
+def _indexer_topk_kernel(
+    q_ptr,
+    sq_t,
+    sq_h,
+    k_ptr,
+    ks_ptr,
+    w_ptr,
+    sw_t,
+    out_ptr,
+    topk,
+    tiles_ptr,
+    cuq_ptr,
+    seqk_ptr,
+    cuk_ptr,
+    bt_ptr,
+    bt_stride,
+    block_size,
+    skey_ptr,
+    scol_ptr,
+    H,
+    D,
+    PAGED: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    HP: tl.constexpr,
+    BD: tl.constexpr,
+    BS: tl.constexpr,
+    IEEE: tl.constexpr,
+    CAP: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    KSCALE: tl.constexpr,
+):
     b, t, tmask, vis, vis_max = tile_queries(tiles_ptr, cuq_ptr, seqk_ptr, BLOCK_T)
     q, w = load_queries(q_ptr, sq_t, sq_h, w_ptr, sw_t, t, tmask, H, D, BLOCK_T, HP, BD)
     row_off = t.to(tl.int64) * CAP
@@ -61,13 +87,24 @@ def _indexer_topk_kernel(q_ptr, sq_t, sq_h, k_ptr, ks_ptr, w_ptr, sw_t, out_ptr,
         count, thr = compact(skey_ptr, scol_ptr, row_off, count, thr, topk, CAP)
     col = sorted_columns(skey_ptr, scol_ptr, row_off, count, BLOCK_K)
     slot = tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + t.to(tl.int64)[:, None] * topk + slot[None, :], col,
-             mask=tmask[:, None] & (slot[None, :] < topk))
+    tl.store(
+        out_ptr + t.to(tl.int64)[:, None] * topk + slot[None, :],
+        col,
+        mask=tmask[:, None] & (slot[None, :] < topk),
+    )
 
 
-def indexer_topk(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                 seqlens_k: torch.Tensor, cu_seqlens_k: torch.Tensor | None, block_table: torch.Tensor | None,
-                 topk: int, k_scale: torch.Tensor | None = None) -> torch.Tensor:
+def indexer_topk(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    weights: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    topk: int,
+    k_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q: [T, H_I, D_I]; k_cache: ragged [rows, D_I] or paged [nb, bs, D_I] (dtype of q);
     weights: [T, H_I] fp32;
     layout tensors as `kernels_cuda.indexer_logits.indexer_logits`; 1 <= topk <= MAX_TOPK.
@@ -95,9 +132,35 @@ def indexer_topk(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, 
     meta = block_table if paged else cu_seqlens_k
     count_launch("fp8_indexer_topk" if fp8 else "indexer_topk")
     _indexer_topk_kernel[(tiles.shape[0],)](
-        q, q.stride(0), q.stride(1), k_cache, k_scale if fp8 else weights, weights, weights.stride(0), out,
-        topk, tiles, cu_seqlens_q,
-        seqlens_k, meta, meta, block_table.stride(0) if paged else 0, k_cache.shape[1] if paged else 0, skey,
-        scol, h_i, d_i, PAGED=paged, BLOCK_T=block_t, HP=hp, BD=bd, BS=bs, IEEE=q.dtype == torch.float32,
-        CAP=cap, BLOCK_K=block_k, KSCALE=fp8, num_warps=8 if block_k >= 2048 else 4)
+        q,
+        q.stride(0),
+        q.stride(1),
+        k_cache,
+        k_scale if fp8 else weights,
+        weights,
+        weights.stride(0),
+        out,
+        topk,
+        tiles,
+        cu_seqlens_q,
+        seqlens_k,
+        meta,
+        meta,
+        block_table.stride(0) if paged else 0,
+        k_cache.shape[1] if paged else 0,
+        skey,
+        scol,
+        h_i,
+        d_i,
+        PAGED=paged,
+        BLOCK_T=block_t,
+        HP=hp,
+        BD=bd,
+        BS=bs,
+        IEEE=q.dtype == torch.float32,
+        CAP=cap,
+        BLOCK_K=block_k,
+        KSCALE=fp8,
+        num_warps=8 if block_k >= 2048 else 4,
+    )
     return out

@@ -25,23 +25,62 @@ from kernels_cuda.grouped_matmul import float_tile
 
 
 @triton.jit
-def _logits_kernel(h_ptr, w_ptr, out_ptr, R, V, D, stride_hr, stride_hd, stride_wv, stride_wd, stride_or,
-                   PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
+def _logits_kernel(
+    h_ptr,
+    w_ptr,
+    out_ptr,
+    R,
+    V,
+    D,
+    stride_hr,
+    stride_hd,
+    stride_wv,
+    stride_wd,
+    stride_or,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = rm < R
     mask_n = rn < V
-    acc = float_tile(h_ptr, w_ptr, rm, rn, mask_m, mask_n, D, stride_hr, stride_hd, stride_wv, stride_wd,
-                     PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = float_tile(
+        h_ptr,
+        w_ptr,
+        rm,
+        rn,
+        mask_m,
+        mask_n,
+        D,
+        stride_hr,
+        stride_hd,
+        stride_wv,
+        stride_wd,
+        PRECISION,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
     tl.store(out_ptr + rm[:, None] * stride_or + rn[None, :], acc, mask=mask_m[:, None] & mask_n[None, :])
 
 
 @triton.jit
-def _lse_kernel(logits_ptr, tgt_ptr, lse_ptr, nll_ptr, R, V, stride_r, ignore_index,
-                BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+def _lse_kernel(
+    logits_ptr,
+    tgt_ptr,
+    lse_ptr,
+    nll_ptr,
+    R,
+    V,
+    stride_r,
+    ignore_index,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rr < R
     row = logits_ptr + rr.to(tl.int64) * stride_r
@@ -65,8 +104,18 @@ def _lse_kernel(logits_ptr, tgt_ptr, lse_ptr, nll_ptr, R, V, stride_r, ignore_in
 
 
 @triton.jit
-def _grad_kernel(logits_ptr, tgt_ptr, lse_ptr, scale_ptr, R, V, stride_r, ignore_index,
-                 BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+def _grad_kernel(
+    logits_ptr,
+    tgt_ptr,
+    lse_ptr,
+    scale_ptr,
+    R,
+    V,
+    stride_r,
+    ignore_index,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = rr < R
     row = logits_ptr + rr.to(tl.int64) * stride_r
@@ -104,16 +153,32 @@ def chunk_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     else:
         bm, bn, bk, extra = 128, 128, 64, dict(num_warps=8, num_stages=3)
     grid = (triton.cdiv(r, bm), triton.cdiv(v, bn))
-    precision = "ieee" if h.dtype == torch.float32 else "tf32"   # never TF32 for fp32 inputs
-    _logits_kernel[grid](h, weight, out, r, v, d, h.stride(0), h.stride(1), weight.stride(0),
-                         weight.stride(1), out.stride(0), PRECISION=precision,
-                         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **extra)
+    precision = "ieee" if h.dtype == torch.float32 else "tf32"  # never TF32 for fp32 inputs
+    _logits_kernel[grid](
+        h,
+        weight,
+        out,
+        r,
+        v,
+        d,
+        h.stride(0),
+        h.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        out.stride(0),
+        PRECISION=precision,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        **extra,
+    )
     count_launch("linear_cross_entropy")
     return out
 
 
-def chunk_lse(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def chunk_lse(
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logits: float32 [n, V], targets: int [n] -> (lse float32 [n], nll float32 [n], 0 where ignored).
 
     Semantics: backends/reference/linear_cross_entropy.py (SPEC 2.9)
@@ -124,14 +189,16 @@ def chunk_lse(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
     if r == 0:
         return lse, nll
     block_r, block_v = _row_blocks(r, v)
-    _lse_kernel[(triton.cdiv(r, block_r),)](logits, targets, lse, nll, r, v, logits.stride(0), ignore_index,
-                                           BLOCK_R=block_r, BLOCK_V=block_v)
+    _lse_kernel[(triton.cdiv(r, block_r),)](
+        logits, targets, lse, nll, r, v, logits.stride(0), ignore_index, BLOCK_R=block_r, BLOCK_V=block_v
+    )
     count_launch("linear_cross_entropy")
     return lse, nll
 
 
-def chunk_grad_(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, scale: torch.Tensor,
-                ignore_index: int) -> torch.Tensor:
+def chunk_grad_(
+    logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, scale: torch.Tensor, ignore_index: int
+) -> torch.Tensor:
     """In place: logits float32 [n, V] -> d loss / d logits; scale: float32 [1] (grad_loss / count).
 
     Semantics: backends/reference/linear_cross_entropy.py (SPEC 2.9)
@@ -140,7 +207,8 @@ def chunk_grad_(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, 
     if r == 0:
         return logits
     block_r, block_v = _row_blocks(r, v)
-    _grad_kernel[(triton.cdiv(r, block_r),)](logits, targets, lse, scale, r, v, logits.stride(0),
-                                            ignore_index, BLOCK_R=block_r, BLOCK_V=block_v)
+    _grad_kernel[(triton.cdiv(r, block_r),)](
+        logits, targets, lse, scale, r, v, logits.stride(0), ignore_index, BLOCK_R=block_r, BLOCK_V=block_v
+    )
     count_launch("linear_cross_entropy")
     return logits

@@ -36,33 +36,80 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _gather(kv_ptr, j, valid, b, cuk_ptr, bt_ptr, bt_stride, block_size, DQK, DV,
-            PAGED: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr, HAS_R: tl.constexpr):
+def _gather(
+    kv_ptr,
+    j,
+    valid,
+    b,
+    cuk_ptr,
+    bt_ptr,
+    bt_stride,
+    block_size,
+    DQK,
+    DV,
+    PAGED: tl.constexpr,
+    BV: tl.constexpr,
+    BR: tl.constexpr,
+    HAS_R: tl.constexpr,
+):
     """Rows of the valid logical positions j [BN]: (value part [BN, BV], rest [BN, BR], rows int64 [BN])."""
     rows = cache_rows(j, valid, b, cuk_ptr, bt_ptr, bt_stride, block_size, PAGED)
     dv = tl.arange(0, BV)
-    kv_v = tl.load(kv_ptr + rows[:, None] * DQK + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV),
-                   other=0.0)
+    kv_v = tl.load(
+        kv_ptr + rows[:, None] * DQK + dv[None, :], mask=valid[:, None] & (dv[None, :] < DV), other=0.0
+    )
     kv_r = tl.zeros((j.shape[0], BR), kv_v.dtype)
     if HAS_R:
         dr = tl.arange(0, BR)
-        kv_r = tl.load(kv_ptr + rows[:, None] * DQK + DV + dr[None, :],
-                       mask=valid[:, None] & (dr[None, :] < DQK - DV), other=0.0)
+        kv_r = tl.load(
+            kv_ptr + rows[:, None] * DQK + DV + dr[None, :],
+            mask=valid[:, None] & (dr[None, :] < DQK - DV),
+            other=0.0,
+        )
     return kv_v, kv_r, rows
 
 
 @triton.jit
 def _load_heads(ptr, st, sh, t, h, hmask, col0, ncol, BC: tl.constexpr):
     c = tl.arange(0, BC)
-    return tl.load(ptr + t.to(tl.int64) * st + h[:, None] * sh + col0 + c[None, :],
-                   mask=hmask[:, None] & (c[None, :] < ncol), other=0.0)
+    return tl.load(
+        ptr + t.to(tl.int64) * st + h[:, None] * sh + col0 + c[None, :],
+        mask=hmask[:, None] & (c[None, :] < ncol),
+        other=0.0,
+    )
 
 
 @triton.jit
-def _sparse_mla_fwd_kernel(q_ptr, sq_t, sq_h, kv_ptr, idx_ptr, si_t, out_ptr, so_t, so_h, lse_ptr, req_ptr,
-                           seqk_ptr, cuk_ptr, bt_ptr, bt_stride, block_size, sm_scale, H, DQK, DV, NIDX,
-                           PAGED: tl.constexpr, BLOCK_H: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
-                           BR: tl.constexpr, HAS_R: tl.constexpr, IEEE: tl.constexpr):
+def _sparse_mla_fwd_kernel(
+    q_ptr,
+    sq_t,
+    sq_h,
+    kv_ptr,
+    idx_ptr,
+    si_t,
+    out_ptr,
+    so_t,
+    so_h,
+    lse_ptr,
+    req_ptr,
+    seqk_ptr,
+    cuk_ptr,
+    bt_ptr,
+    bt_stride,
+    block_size,
+    sm_scale,
+    H,
+    DQK,
+    DV,
+    NIDX,
+    PAGED: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BN: tl.constexpr,
+    BV: tl.constexpr,
+    BR: tl.constexpr,
+    HAS_R: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = h < H
@@ -79,8 +126,9 @@ def _sparse_mla_fwd_kernel(q_ptr, sq_t, sq_h, kv_ptr, idx_ptr, si_t, out_ptr, so
         n = n0 + tl.arange(0, BN)
         j = tl.load(idx_ptr + t.to(tl.int64) * si_t + n, mask=n < NIDX, other=-1)
         valid = (j >= 0) & (j < s_b)
-        kv_v, kv_r, rows = _gather(kv_ptr, j, valid, b, cuk_ptr, bt_ptr, bt_stride, block_size, DQK, DV,
-                                   PAGED, BV, BR, HAS_R)
+        kv_v, kv_r, rows = _gather(
+            kv_ptr, j, valid, b, cuk_ptr, bt_ptr, bt_stride, block_size, DQK, DV, PAGED, BV, BR, HAS_R
+        )
         s = _dot(q_v, tl.trans(kv_v), IEEE)
         if HAS_R:
             s += _dot(q_r, tl.trans(kv_r), IEEE)
@@ -96,17 +144,49 @@ def _sparse_mla_fwd_kernel(q_ptr, sq_t, sq_h, kv_ptr, idx_ptr, si_t, out_ptr, so
     out = tl.where(has[:, None], acc / tl.where(has, l_sum, 1.0)[:, None], 0.0)
     lse = tl.where(has, m + tl.log(tl.where(has, l_sum, 1.0)), float("-inf"))
     dv = tl.arange(0, BV)
-    tl.store(out_ptr + t.to(tl.int64) * so_t + h[:, None] * so_h + dv[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=hmask[:, None] & (dv[None, :] < DV))
+    tl.store(
+        out_ptr + t.to(tl.int64) * so_t + h[:, None] * so_h + dv[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=hmask[:, None] & (dv[None, :] < DV),
+    )
     tl.store(lse_ptr + t.to(tl.int64) * H + h, lse, mask=hmask)
 
 
 @triton.jit
-def _sparse_mla_bwd_kernel(q_ptr, sq_t, sq_h, kv_ptr, idx_ptr, si_t, out_ptr, do_ptr, so_t, so_h, lse_ptr,
-                           dlse_ptr, dq_ptr, dkv_ptr, req_ptr, seqk_ptr, cuk_ptr, bt_ptr, bt_stride,
-                           block_size, sm_scale, H, DQK, DV, NIDX,
-                           PAGED: tl.constexpr, BLOCK_H: tl.constexpr, BN: tl.constexpr, BV: tl.constexpr,
-                           BR: tl.constexpr, HAS_R: tl.constexpr, IEEE: tl.constexpr):
+def _sparse_mla_bwd_kernel(
+    q_ptr,
+    sq_t,
+    sq_h,
+    kv_ptr,
+    idx_ptr,
+    si_t,
+    out_ptr,
+    do_ptr,
+    so_t,
+    so_h,
+    lse_ptr,
+    dlse_ptr,
+    dq_ptr,
+    dkv_ptr,
+    req_ptr,
+    seqk_ptr,
+    cuk_ptr,
+    bt_ptr,
+    bt_stride,
+    block_size,
+    sm_scale,
+    H,
+    DQK,
+    DV,
+    NIDX,
+    PAGED: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BN: tl.constexpr,
+    BV: tl.constexpr,
+    BR: tl.constexpr,
+    HAS_R: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = h < H
@@ -132,8 +212,9 @@ def _sparse_mla_bwd_kernel(q_ptr, sq_t, sq_h, kv_ptr, idx_ptr, si_t, out_ptr, do
         n = n0 + tl.arange(0, BN)
         j = tl.load(idx_ptr + t.to(tl.int64) * si_t + n, mask=n < NIDX, other=-1)
         valid = (j >= 0) & (j < s_b)
-        kv_v, kv_r, rows = _gather(kv_ptr, j, valid, b, cuk_ptr, bt_ptr, bt_stride, block_size, DQK, DV,
-                                   PAGED, BV, BR, HAS_R)
+        kv_v, kv_r, rows = _gather(
+            kv_ptr, j, valid, b, cuk_ptr, bt_ptr, bt_stride, block_size, DQK, DV, PAGED, BV, BR, HAS_R
+        )
         s = _dot(q_v, tl.trans(kv_v), IEEE)
         if HAS_R:
             s += _dot(q_r, tl.trans(kv_r), IEEE)
@@ -144,26 +225,37 @@ def _sparse_mla_bwd_kernel(q_ptr, sq_t, sq_h, kv_ptr, idx_ptr, si_t, out_ptr, do
         ds_c = ds.to(kv_v.dtype)
         dq_v += _dot(ds_c, kv_v, IEEE)
         dkv_v = sm_scale * _dot(tl.trans(ds_c), q_v, IEEE) + _dot(tl.trans(p.to(kv_v.dtype)), d_out, IEEE)
-        tl.atomic_add(dkv_ptr + rows[:, None] * DQK + dv[None, :], dkv_v,
-                      mask=valid[:, None] & (dv[None, :] < DV))
+        tl.atomic_add(
+            dkv_ptr + rows[:, None] * DQK + dv[None, :], dkv_v, mask=valid[:, None] & (dv[None, :] < DV)
+        )
         if HAS_R:
             dq_r += _dot(ds_c, kv_r, IEEE)
             dkv_r = sm_scale * _dot(tl.trans(ds_c), q_r, IEEE)
-            tl.atomic_add(dkv_ptr + rows[:, None] * DQK + DV + dr[None, :], dkv_r,
-                          mask=valid[:, None] & (dr[None, :] < DQK - DV))
+            tl.atomic_add(
+                dkv_ptr + rows[:, None] * DQK + DV + dr[None, :],
+                dkv_r,
+                mask=valid[:, None] & (dr[None, :] < DQK - DV),
+            )
     base = dq_ptr + t.to(tl.int64) * sq_t + h[:, None] * sq_h
-    tl.store(base + dv[None, :], (dq_v * sm_scale).to(dq_ptr.dtype.element_ty),
-             mask=hmask[:, None] & (dv[None, :] < DV))
+    tl.store(
+        base + dv[None, :],
+        (dq_v * sm_scale).to(dq_ptr.dtype.element_ty),
+        mask=hmask[:, None] & (dv[None, :] < DV),
+    )
     if HAS_R:
-        tl.store(base + DV + dr[None, :], (dq_r * sm_scale).to(dq_ptr.dtype.element_ty),
-                 mask=hmask[:, None] & (dr[None, :] < DQK - DV))
+        tl.store(
+            base + DV + dr[None, :],
+            (dq_r * sm_scale).to(dq_ptr.dtype.element_ty),
+            mask=hmask[:, None] & (dr[None, :] < DQK - DV),
+        )
 
 
 def _launch_args(q, kv_cache, d_v, cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, backward=False):
     t, h, d_qk = q.shape
     q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)
-    req = torch.repeat_interleave(torch.arange(q_lens.shape[0], device=q.device, dtype=torch.int32), q_lens,
-                                  output_size=t)
+    req = torch.repeat_interleave(
+        torch.arange(q_lens.shape[0], device=q.device, dtype=torch.int32), q_lens, output_size=t
+    )
     paged = block_table is not None
     meta = block_table if paged else cu_seqlens_k
     bv = max(16, triton.next_power_of_2(d_v))
@@ -176,16 +268,39 @@ def _launch_args(q, kv_cache, d_v, cu_seqlens_q, seqlens_k, cu_seqlens_k, block_
     if interpreter_active():
         block_h, bn = 16, 16
     grid = (t, triton.cdiv(h, block_h))
-    layout_args = (req, seqlens_k, meta, meta, block_table.stride(0) if paged else 0,
-                   kv_cache.shape[1] if paged else 0)
-    meta_kw = dict(PAGED=paged, BLOCK_H=block_h, BN=bn, BV=bv, BR=br, HAS_R=d_qk > d_v,
-                   IEEE=q.dtype == torch.float32, num_warps=8 if wide else 4, num_stages=2 if wide else 3)
+    layout_args = (
+        req,
+        seqlens_k,
+        meta,
+        meta,
+        block_table.stride(0) if paged else 0,
+        kv_cache.shape[1] if paged else 0,
+    )
+    meta_kw = dict(
+        PAGED=paged,
+        BLOCK_H=block_h,
+        BN=bn,
+        BV=bv,
+        BR=br,
+        HAS_R=d_qk > d_v,
+        IEEE=q.dtype == torch.float32,
+        num_warps=8 if wide else 4,
+        num_stages=2 if wide else 3,
+    )
     return grid, layout_args, meta_kw
 
 
-def sparse_mla_fwd(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int,
-                   cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, cu_seqlens_k: torch.Tensor | None,
-                   block_table: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sparse_mla_fwd(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int,
+    cu_seqlens_q: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [T, H, d_qk]; kv_cache: ragged [rows, d_qk] or paged [nb, bs, d_qk] (dtype of q);
     indices: int32 [T, topk] logical positions; layout tensors int32 as in SPEC 1.
     Returns (out [T, H, d_v] dtype of q, lse [T, H] float32).
@@ -200,16 +315,43 @@ def sparse_mla_fwd(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tenso
     lay = (cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table)
     grid, layout_args, meta_kw = _launch_args(q, kv_cache, d_v, *lay)
     count_launch("sparse_mla_fwd")
-    _sparse_mla_fwd_kernel[grid](q, q.stride(0), q.stride(1), kv_cache, indices, indices.stride(0), out,
-                                 out.stride(0), out.stride(1), lse, *layout_args, float(sm_scale), h, d_qk,
-                                 d_v, indices.shape[1], **meta_kw)
+    _sparse_mla_fwd_kernel[grid](
+        q,
+        q.stride(0),
+        q.stride(1),
+        kv_cache,
+        indices,
+        indices.stride(0),
+        out,
+        out.stride(0),
+        out.stride(1),
+        lse,
+        *layout_args,
+        float(sm_scale),
+        h,
+        d_qk,
+        d_v,
+        indices.shape[1],
+        **meta_kw,
+    )
     return out, lse
 
 
-def sparse_mla_bwd(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int,
-                   cu_seqlens_q: torch.Tensor, seqlens_k: torch.Tensor, cu_seqlens_k: torch.Tensor | None,
-                   block_table: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor,
-                   d_out: torch.Tensor, d_lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sparse_mla_bwd(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int,
+    cu_seqlens_q: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    d_out: torch.Tensor,
+    d_lse: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of `sparse_mla_fwd`: d_out [T, H, d_v], d_lse [T, H] or None -> (dq like q, dkv like
     kv_cache).
     Semantics: backends/reference/sparse_mla_attention.py (SPEC 2.4; autograd of the forward)
@@ -225,7 +367,27 @@ def sparse_mla_bwd(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tenso
     lay = (cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table)
     grid, layout_args, meta_kw = _launch_args(q, kv_cache, d_v, *lay, backward=True)
     count_launch("sparse_mla_bwd")
-    _sparse_mla_bwd_kernel[grid](q, q.stride(0), q.stride(1), kv_cache, indices, indices.stride(0), out,
-                                 d_out, out.stride(0), out.stride(1), lse.contiguous(), d_lse, dq, dkv,
-                                 *layout_args, float(sm_scale), h, d_qk, d_v, indices.shape[1], **meta_kw)
+    _sparse_mla_bwd_kernel[grid](
+        q,
+        q.stride(0),
+        q.stride(1),
+        kv_cache,
+        indices,
+        indices.stride(0),
+        out,
+        d_out,
+        out.stride(0),
+        out.stride(1),
+        lse.contiguous(),
+        d_lse,
+        dq,
+        dkv,
+        *layout_args,
+        float(sm_scale),
+        h,
+        d_qk,
+        d_v,
+        indices.shape[1],
+        **meta_kw,
+    )
     return dq, dkv.to(kv_cache.dtype)

@@ -26,10 +26,24 @@ MAX_K = 8192
 
 
 @triton.jit
-def _topk_kernel(x_ptr, stride_x, len_ptr, val_ptr, idx_ptr, skey_ptr, scol_ptr, R, C, k,
-                 HAS_LEN: tl.constexpr, BS: tl.constexpr, CAP: tl.constexpr, BLOCK_K: tl.constexpr):
+def _topk_kernel(
+    x_ptr,
+    stride_x,
+    len_ptr,
+    val_ptr,
+    idx_ptr,
+    skey_ptr,
+    scol_ptr,
+    R,
+    C,
+    k,
+    HAS_LEN: tl.constexpr,
+    BS: tl.constexpr,
+    CAP: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     pid = tl.program_id(0)
-    rows = pid + tl.arange(0, 1)                                   # [1]: keeps the helpers 2-D
+    rows = pid + tl.arange(0, 1)  # [1]: keeps the helpers 2-D
     rows64 = rows.to(tl.int64)
     if HAS_LEN:
         n_row = tl.minimum(tl.load(len_ptr + pid).to(tl.int32), C)
@@ -49,7 +63,7 @@ def _topk_kernel(x_ptr, stride_x, len_ptr, val_ptr, idx_ptr, skey_ptr, scol_ptr,
         count = append(skey_ptr, scol_ptr, row_off, count, thr, order_key(x), col, cand, CAP)
     if tl.max(count) > k:
         count, thr = compact(skey_ptr, scol_ptr, row_off, count, thr, k, CAP)
-    col = sorted_columns(skey_ptr, scol_ptr, row_off, count, BLOCK_K)   # [1, BLOCK_K]
+    col = sorted_columns(skey_ptr, scol_ptr, row_off, count, BLOCK_K)  # [1, BLOCK_K]
     slot = tl.arange(0, BLOCK_K)[None, :]
     live = col >= 0
     val = tl.load(x_ptr + rows64[:, None] * stride_x + col, mask=live, other=float("-inf"))
@@ -81,7 +95,21 @@ def topk(x: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> tuple[
     scol = torch.empty((r, cap), dtype=torch.int32, device=x.device)
     lens = lengths if lengths is not None else indices  # unused pointer when HAS_LEN is false
     count_launch("topk")
-    _topk_kernel[(r,)](x, x.stride(0), lens, values, indices, skey, scol, r, c, k,
-                       HAS_LEN=lengths is not None, BS=bs, CAP=cap, BLOCK_K=block_k,
-                       num_warps=8 if block_k >= 2048 else 4)
+    _topk_kernel[(r,)](
+        x,
+        x.stride(0),
+        lens,
+        values,
+        indices,
+        skey,
+        scol,
+        r,
+        c,
+        k,
+        HAS_LEN=lengths is not None,
+        BS=bs,
+        CAP=cap,
+        BLOCK_K=block_k,
+        num_warps=8 if block_k >= 2048 else 4,
+    )
     return values, indices

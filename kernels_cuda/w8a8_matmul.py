@@ -24,18 +24,38 @@ TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat1
 
 
 @triton.jit
-def int8_tile(x_ptr, w_ptr, rm, rn, mask_m, mask_n, K, stride_xm, stride_xk, stride_wn, stride_wk,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def int8_tile(
+    x_ptr,
+    w_ptr,
+    rm,
+    rn,
+    mask_m,
+    mask_n,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """int32 [BLOCK_M, BLOCK_N] = x[rm, :K] @ w[rn, :K]^T, exact. rm, rn: int64 row / column indices."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         mask_k = kk < K
-        a = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
-                    mask=mask_m[:, None] & mask_k[None, :], other=0)
-        b = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
-                    mask=mask_k[:, None] & mask_n[None, :], other=0)
+        a = tl.load(
+            x_ptr + rm[:, None] * stride_xm + kk[None, :] * stride_xk,
+            mask=mask_m[:, None] & mask_k[None, :],
+            other=0,
+        )
+        b = tl.load(
+            w_ptr + rn[None, :] * stride_wn + kk[:, None] * stride_wk,
+            mask=mask_k[:, None] & mask_n[None, :],
+            other=0,
+        )
         acc = tl.dot(a, b, acc, out_dtype=tl.int32)
     return acc
 
@@ -58,35 +78,83 @@ def scale_epilogue(acc, x_scale, w_scale):
 
 
 @triton.jit
-def _w8a8_matmul_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, M, N, K, M_BUCKET,
-                        stride_xm, stride_xk, stride_wn, stride_wk, stride_om,
-                        HAS_BIAS: tl.constexpr, OUT_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def _w8a8_matmul_kernel(
+    x_ptr,
+    xs_ptr,
+    w_ptr,
+    ws_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    M_BUCKET,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = rm < M
     mask_n = rn < N
-    acc = int8_tile(x_ptr, w_ptr, rm, rn, mask_m, mask_n, K, stride_xm, stride_xk, stride_wn, stride_wk,
-                    BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = int8_tile(
+        x_ptr,
+        w_ptr,
+        rm,
+        rn,
+        mask_m,
+        mask_n,
+        K,
+        stride_xm,
+        stride_xk,
+        stride_wn,
+        stride_wk,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    )
     xs = tl.load(xs_ptr + rm, mask=mask_m, other=0.0)
     ws = tl.load(ws_ptr + rn, mask=mask_n, other=0.0)
     out = scale_epilogue(acc, xs, ws)
     if HAS_BIAS:
         out = out + tl.load(bias_ptr + rn, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], out.to(OUT_DTYPE),
-             mask=mask_m[:, None] & mask_n[None, :])
+    tl.store(
+        out_ptr + rm[:, None] * stride_om + rn[None, :],
+        out.to(OUT_DTYPE),
+        mask=mask_m[:, None] & mask_n[None, :],
+    )
 
 
 def _gpu_configs() -> list[triton.Config]:
     # Hopper int8 tiles (DeepGEMM / vLLM triton_scaled_mm territory): wide N, K=128, deep pipelines;
     # plus small-M shapes for decode.
     out = []
-    for bm, bn, bk, stages, warps in ((128, 256, 128, 3, 8), (128, 128, 128, 4, 8), (256, 128, 128, 3, 8),
-                                      (64, 128, 128, 4, 4), (64, 256, 128, 3, 8), (32, 128, 128, 4, 4),
-                                      (16, 128, 256, 3, 4), (16, 64, 256, 4, 4)):
-        out.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
-                                 num_stages=stages, num_warps=warps))
+    for bm, bn, bk, stages, warps in (
+        (128, 256, 128, 3, 8),
+        (128, 128, 128, 4, 8),
+        (256, 128, 128, 3, 8),
+        (64, 128, 128, 4, 4),
+        (64, 256, 128, 3, 8),
+        (32, 128, 128, 4, 4),
+        (16, 128, 256, 3, 4),
+        (16, 64, 256, 4, 4),
+    ):
+        out.append(
+            triton.Config(
+                {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                num_stages=stages,
+                num_warps=warps,
+            )
+        )
     return out
 
 
@@ -105,9 +173,23 @@ def interpreter_tile(m: int, n: int, k: int) -> tuple[int, int, int]:
 def _launch(x_q, x_scale, w_q, w_scale, bias, out):
     m, k = x_q.shape
     n = w_q.shape[0]
-    args = (x_q, x_scale, w_q, w_scale, bias if bias is not None else x_scale, out, m, n, k,
-            min(triton.next_power_of_2(m), 4096),
-            x_q.stride(0), x_q.stride(1), w_q.stride(0), w_q.stride(1), out.stride(0))
+    args = (
+        x_q,
+        x_scale,
+        w_q,
+        w_scale,
+        bias if bias is not None else x_scale,
+        out,
+        m,
+        n,
+        k,
+        min(triton.next_power_of_2(m), 4096),
+        x_q.stride(0),
+        x_q.stride(1),
+        w_q.stride(0),
+        w_q.stride(1),
+        out.stride(0),
+    )
     flags = dict(HAS_BIAS=bias is not None, OUT_DTYPE=TL_DTYPES[out.dtype])
     if interpreter_active():
         # few, big programs: the interpreter's cost is per operation, not per element
@@ -115,6 +197,7 @@ def _launch(x_q, x_scale, w_q, w_scale, bias, out):
         grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
         _w8a8_matmul_kernel[grid](*args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=4)
     else:
+
         def grid(meta):
             return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
@@ -122,8 +205,14 @@ def _launch(x_q, x_scale, w_q, w_scale, bias, out):
     count_launch("w8a8_matmul")
 
 
-def w8a8_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def w8a8_matmul(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
     """x_q: int8 [M, K], x_scale: float32 [M], w_q: int8 [N, K], w_scale: float32 [N], bias: [N] or None
     -> [M, N] out_dtype.
 

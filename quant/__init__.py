@@ -7,5 +7,12 @@ from quant.load import detect_format, export, is_quantized, load_quantized
 from quant.quantize import quantize_model
 from quant.recipe import Recipe
 
-__all__ = ["Recipe", "plan_model", "quantize_model", "export", "load_quantized", "is_quantized",
-           "detect_format"]
+__all__ = [
+    "Recipe",
+    "plan_model",
+    "quantize_model",
+    "export",
+    "load_quantized",
+    "is_quantized",
+    "detect_format",
+]

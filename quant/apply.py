@@ -49,8 +49,10 @@ def plan_model(model: nn.Module, recipe: Recipe) -> dict[str, Scheme]:
             per_layer.setdefault(name.rsplit(".", 2)[0], set()).add(plan.get(name))
     for prefix, schemes in per_layer.items():
         if len(schemes) > 1:
-            raise ValueError(f"recipe {recipe.name}: the experts of {prefix} get different schemes "
-                             f"{sorted(str(s) for s in schemes)}; stacked experts need one")
+            raise ValueError(
+                f"recipe {recipe.name}: the experts of {prefix} get different schemes "
+                f"{sorted(str(s) for s in schemes)}; stacked experts need one"
+            )
     return plan
 
 
@@ -82,40 +84,56 @@ def set_module(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, new)
 
 
-def quantize_tensor(w: torch.Tensor, scheme: Scheme, recipe: Recipe, hessian: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_tensor(
+    w: torch.Tensor, scheme: Scheme, recipe: Recipe, hessian: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] float -> (q int8 [N, K], scale fp32 [N, G]) with the recipe's weight method for the scheme's
     bit width (calibration.int4 / calibration.int8: minmax | ssz | gptq; gptq needs the layer's hessian)."""
     opts = recipe.calibration.get(f"int{scheme.bits}", {}) or {}
     method = opts.get("weight_method", "minmax")
     if method == "gptq":
         if hessian is None:
-            raise ValueError(f"calib: recipe {recipe.name} quantizes int{scheme.bits} weights with GPTQ, "
-                             "which needs calibration data")
-        return gptq_quantize(w, hessian, scheme.bits, scheme.group_size, recipe.convention,
-                             damp=float(opts.get("damp", 0.01)))
-    return quantize_weight(w, scheme.bits, scheme.group_size, recipe.convention, method,
-                           int(opts.get("ssz_steps", 10)))
+            raise ValueError(
+                f"calib: recipe {recipe.name} quantizes int{scheme.bits} weights with GPTQ, "
+                "which needs calibration data"
+            )
+        return gptq_quantize(
+            w, hessian, scheme.bits, scheme.group_size, recipe.convention, damp=float(opts.get("damp", 0.01))
+        )
+    return quantize_weight(
+        w, scheme.bits, scheme.group_size, recipe.convention, method, int(opts.get("ssz_steps", 10))
+    )
 
 
-def empty_like_plan(model: nn.Module, plan: dict[str, Scheme],
-                    device: str | torch.device | None = None) -> None:
+def empty_like_plan(
+    model: nn.Module, plan: dict[str, Scheme], device: str | torch.device | None = None
+) -> None:
     """Swap every planned module for a zero-filled quantized one (on `device`, default the backend's; "meta"
     for a loader that allocates later); the loaders fill them. Unplanned float modules are left alone."""
     backend = model.backend
     dev = device or backend.device
     for name, mod in list(model.named_modules()):
         if isinstance(mod, nn.Linear) and name in plan:
-            set_module(model, name, QuantLinear(mod.in_features, mod.out_features, plan[name], backend,
-                                                mod.bias is not None, dev))
+            set_module(
+                model,
+                name,
+                QuantLinear(
+                    mod.in_features, mod.out_features, plan[name], backend, mod.bias is not None, dev
+                ),
+            )
         elif isinstance(mod, Experts) and f"{name}.0.gate_proj" in plan:
             e, i, d = mod.gate_proj.shape
             set_module(model, name, QuantExperts(e, d, i, plan[f"{name}.0.gate_proj"], dev))
 
 
 @torch.no_grad()
-def quantize_modules(model: nn.Module, plan: dict[str, Scheme], recipe: Recipe, names: set[str] | None = None,
-                     hessians: dict[str, torch.Tensor] | None = None) -> None:
+def quantize_modules(
+    model: nn.Module,
+    plan: dict[str, Scheme],
+    recipe: Recipe,
+    names: set[str] | None = None,
+    hessians: dict[str, torch.Tensor] | None = None,
+) -> None:
     """Quantize the planned float modules (only those in `names` if given) from their current weights and
     swap them in. hessians: module name -> H [K, K] for GPTQ."""
     hessians = hessians or {}

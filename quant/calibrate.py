@@ -53,6 +53,7 @@ class _Stats:
             self.absmax[name] = torch.maximum(self.absmax[name], a) if name in self.absmax else a
             if hessian:
                 self.hess.setdefault(name, Hessian(x.shape[1])).add(x)
+
         return fn
 
     def close(self) -> None:
@@ -81,13 +82,14 @@ def _int8_fake(x: torch.Tensor) -> torch.Tensor:
     return torch.round(x / s).clamp(-127, 127) * s
 
 
-def awq_search(a: torch.Tensor, w_down: torch.Tensor, scheme: Scheme, recipe: Recipe, n_grid: int
-               ) -> torch.Tensor:
+def awq_search(
+    a: torch.Tensor, w_down: torch.Tensor, scheme: Scheme, recipe: Recipe, n_grid: int
+) -> torch.Tensor:
     """AWQ for the up->down pair: s = mean|a|^r (r on a grid in [0, 1], normalised by sqrt(max*min));
     keep the s whose quantized down projection (int4 weights, int8 per-token activations) best matches
     a @ w_down^T in squared error. a [T, I] float, w_down [D, I] -> s [I] (r = 0 gives s = 1)."""
     opts = recipe.calibration.get(f"int{scheme.bits}") or {}
-    method = "ssz" if opts.get("weight_method") == "ssz" else "minmax"   # GPTQ runs after, on the winner
+    method = "ssz" if opts.get("weight_method") == "ssz" else "minmax"  # GPTQ runs after, on the winner
     steps = int(opts.get("ssz_steps", 10))
     ref = a @ w_down.T
     x_mean = a.abs().mean(0)
@@ -95,8 +97,9 @@ def awq_search(a: torch.Tensor, w_down: torch.Tensor, scheme: Scheme, recipe: Re
     for i in range(n_grid + 1):
         s = x_mean.pow(i / n_grid).clamp_min(1e-4)
         s = s / (s.max() * s.min()).sqrt()
-        q, sc = quantize_weight(w_down * s[None, :], scheme.bits, scheme.group_size, recipe.convention,
-                                method, steps)
+        q, sc = quantize_weight(
+            w_down * s[None, :], scheme.bits, scheme.group_size, recipe.convention, method, steps
+        )
         err = float((_int8_fake(a / s) @ dequantize(q, sc).T - ref).pow(2).mean())
         if err < best:
             best, best_s = err, s
@@ -138,7 +141,7 @@ def _smooth_layer(layer: nn.Module, prefix: str, plan: dict[str, Scheme], recipe
             s = _smooth_scale(st.absmax[f"{prefix}.self_attn.o_proj"], [attn.o_proj.weight], alpha)
             _scale_cols(attn.o_proj.weight, s)
             kvb = attn.kv_b_proj.weight.view(attn.n_heads, attn.nope + attn.v_dim, attn.c)
-            w_uv = kvb[:, attn.nope:]                                  # [H, v, c]: o_proj input (h, v)
+            w_uv = kvb[:, attn.nope :]  # [H, v, c]: o_proj input (h, v)
             w_uv.copy_((w_uv.float() / s.view(attn.n_heads, attn.v_dim, 1)).to(w_uv.dtype))
         for rel, m in (("mlp", mlp), ("mlp.shared_experts", getattr(mlp, "shared_experts", None))):
             if m is not None and hasattr(m, "down_proj") and w8(f"{rel}.down_proj"):
@@ -172,8 +175,16 @@ def _gptq_names(plan: dict[str, Scheme], recipe: Recipe, prefix: str) -> set[str
 
 
 @torch.no_grad()
-def calibrate_layer(model: nn.Module, layer: nn.Module, prefix: str, x: torch.Tensor, step, topk,
-                    plan: dict[str, Scheme], recipe: Recipe) -> None:
+def calibrate_layer(
+    model: nn.Module,
+    layer: nn.Module,
+    prefix: str,
+    x: torch.Tensor,
+    step,
+    topk,
+    plan: dict[str, Scheme],
+    recipe: Recipe,
+) -> None:
     """Smooth and quantize one decoder layer (`prefix`: its module name) from its float weights and the
     input x the already-quantized layers produced; its planned modules are swapped in `model`."""
     st = _Stats(layer, prefix, set())
@@ -195,9 +206,13 @@ def calibrate_layer(model: nn.Module, layer: nn.Module, prefix: str, x: torch.Te
             for e in range(ex.gate_proj.shape[0]):
                 hd = Hessian(ex.down_proj.shape[2])
                 hd.add(_expert_acts(h, ex, e))
-                hess.update({f"{prefix}.mlp.experts.{e}.gate_proj": hh.h,
-                             f"{prefix}.mlp.experts.{e}.up_proj": hh.h,
-                             f"{prefix}.mlp.experts.{e}.down_proj": hd.h})
+                hess.update(
+                    {
+                        f"{prefix}.mlp.experts.{e}.gate_proj": hh.h,
+                        f"{prefix}.mlp.experts.{e}.up_proj": hh.h,
+                        f"{prefix}.mlp.experts.{e}.down_proj": hd.h,
+                    }
+                )
     names = {f"{prefix}.{n}" for n, _ in layer.named_modules() if n}
     quantize_modules(model, plan, recipe, names, hess)
 
@@ -211,13 +226,14 @@ def begin(model: nn.Module, calib_ids: torch.Tensor):
 
 
 @torch.no_grad()
-def calibrate(model: nn.Module, recipe: Recipe, plan: dict[str, Scheme], calib_ids: torch.Tensor,
-              log: bool = False) -> None:
+def calibrate(
+    model: nn.Module, recipe: Recipe, plan: dict[str, Scheme], calib_ids: torch.Tensor, log: bool = False
+) -> None:
     """Smooth and quantize every main decoder layer in order on calib_ids [B, S] (see module docstring).
     Modules outside the main layers (MTP, head) are left for the caller's data-free pass."""
     x, step = begin(model, calib_ids)
     topk = None
-    for i, layer in enumerate(model.model.layers[:model.config.num_hidden_layers]):
+    for i, layer in enumerate(model.model.layers[: model.config.num_hidden_layers]):
         prefix = f"model.layers.{i}"
         if any(n.startswith(prefix + ".") for n in plan):
             calibrate_layer(model, layer, prefix, x, step, topk, plan, recipe)

@@ -27,7 +27,8 @@ def _refuse_unused_with_fp8() -> None:
             raise click.BadParameter(
                 "--format fp8 re-encodes the source as block FP8 and takes no recipe nor calibration; drop "
                 f"{param.opts[0]} (or choose --format compressed-tensors|modelslim)",
-                param_hint=f"'{param.opts[0]}'")
+                param_hint=f"'{param.opts[0]}'",
+            )
 
 
 def _out_path(out: str) -> Path:
@@ -52,39 +53,79 @@ def _check_out(out: Path, src: Path, overwrite: bool) -> None:
 def _check_out_path(out: Path, src: Path, overwrite: bool) -> None:
     o, s = Path(os.path.realpath(out)), Path(os.path.realpath(src))
     if o == s or s in o.parents or o in s.parents:
-        raise click.BadParameter(f"{out} overlaps the source checkpoint {src}; choose another directory",
-                                 param_hint="'--out'")
+        raise click.BadParameter(
+            f"{out} overlaps the source checkpoint {src}; choose another directory", param_hint="'--out'"
+        )
     if out.exists() or out.is_symlink():
         if not out.is_dir() or out.is_symlink():
             raise click.BadParameter(f"{out} exists and is not a directory", param_hint="'--out'")
         entries = list(out.iterdir())
         if entries and not overwrite:
-            raise click.BadParameter(f"{out} already exists; pass --overwrite to replace it",
-                                     param_hint="'--out'")
+            raise click.BadParameter(
+                f"{out} already exists; pass --overwrite to replace it", param_hint="'--out'"
+            )
         if entries and not (out / "config.json").is_file():
-            raise click.BadParameter(f"{out} holds files but no checkpoint (no config.json): not replacing "
-                                     "it", param_hint="'--out'")
+            raise click.BadParameter(
+                f"{out} holds files but no checkpoint (no config.json): not replacing it",
+                param_hint="'--out'",
+            )
 
 
 @click.command()
-@model_option(help="Float or FP8 (GLM-5-FP8 style, de-quantized block by block) checkpoint directory.",
-              required=True, aliases=("src",))
-@click.option("--recipe", "recipe_name", default="glm5-w4a8", show_default=True,
-              help=f"recipe name ({', '.join(recipes.available())}) or a YAML path")
-@click.option("--format", "fmt", type=click.Choice(sorted(FORMATS) + ["fp8"]), required=True,
-              help="fp8: block FP8 as GLM-5-FP8 (the recipe and calibration do not apply)")
-@click.option("--out", type=click.Path(file_okay=False), required=True,
-              help="Directory to write (never the source; an existing one only with --overwrite).")
+@model_option(
+    help="Float or FP8 (GLM-5-FP8 style, de-quantized block by block) checkpoint directory.",
+    required=True,
+    aliases=("src",),
+)
+@click.option(
+    "--recipe",
+    "recipe_name",
+    default="glm5-w4a8",
+    show_default=True,
+    help=f"recipe name ({', '.join(recipes.available())}) or a YAML path",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(sorted(FORMATS) + ["fp8"]),
+    required=True,
+    help="fp8: block FP8 as GLM-5-FP8 (the recipe and calibration do not apply)",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Directory to write (never the source; an existing one only with --overwrite).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing checkpoint at --out (atomically).")
-@click.option("--group-size", type=click.IntRange(min=0), default=None,
-              help="override the int4 group size (0: per channel)")
-@click.option("--calib-seqs", type=click.IntRange(min=0), default=16, show_default=True,
-              help="calibration sequences of stdlib .py bytes (0: data-free round-to-nearest)")
+@click.option(
+    "--group-size",
+    type=click.IntRange(min=0),
+    default=None,
+    help="override the int4 group size (0: per channel)",
+)
+@click.option(
+    "--calib-seqs",
+    type=click.IntRange(min=0),
+    default=16,
+    show_default=True,
+    help="calibration sequences of stdlib .py bytes (0: data-free round-to-nearest)",
+)
 @click.option("--calib-len", type=click.IntRange(min=2), default=128, show_default=True)
 @click.option("--backend", default="reference", show_default=True, help="backend that runs calibration")
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
-def quantize(model_path: Path, recipe_name: str, fmt: str, out: str, overwrite: bool, group_size: int | None,
-             calib_seqs: int, calib_len: int, backend: str, quiet: bool) -> None:
+def quantize(
+    model_path: Path,
+    recipe_name: str,
+    fmt: str,
+    out: str,
+    overwrite: bool,
+    group_size: int | None,
+    calib_seqs: int,
+    calib_len: int,
+    backend: str,
+    quiet: bool,
+) -> None:
     """Quantize the float or FP8 checkpoint --model by a recipe (layer-by-layer calibration) and write it
     as FORMAT to --out, streaming: one decoder layer is in memory at a time, written as its own shard, and
     --out is replaced atomically at the end (an interrupted run leaves it as it was)."""
@@ -96,9 +137,11 @@ def quantize(model_path: Path, recipe_name: str, fmt: str, out: str, overwrite: 
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--recipe'") from exc
     if fmt == "modelslim" and any(r.scheme.group_size for r in recipe.rules):
-        raise click.BadParameter("modelslim (vllm-ascend ascendv1) stores per-channel int4 only; this recipe "
-                                 "uses per-group int4 (use --format compressed-tensors)",
-                                 param_hint="'--format'")
+        raise click.BadParameter(
+            "modelslim (vllm-ascend ascendv1) stores per-channel int4 only; this recipe "
+            "uses per-group int4 (use --format compressed-tensors)",
+            param_hint="'--format'",
+        )
     out = _out_path(out)
     _check_out(out, src, overwrite)  # before the lock file is made beside --out
     be = backend_choice(backend)
@@ -121,12 +164,13 @@ def quantize(model_path: Path, recipe_name: str, fmt: str, out: str, overwrite: 
             except OSError as exc:  # a full disk: the staging is removed, --out is as it was
                 if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
                     raise  # a source file missing: one_line_errors' usage error
-                raise click.ClickException(f"{fsio.describe(exc)} (nothing was published at {out})") \
-                    from None
+                raise click.ClickException(f"{fsio.describe(exc)} (nothing was published at {out})") from None
     if fmt == "fp8":
         click.echo(f"fp8 (e4m3, 128x128 blocks) at {out}, {time.time() - t0:.1f}s")
         return
     counts = Counter(s.name if not s.group_size else f"{s.name}(g{s.group_size})" for s in plan.values())
     calib_note = f"{calib_seqs} x {calib_len} calibration tokens" if calib_seqs else "no calibration"
-    click.echo(f"{recipe.name} -> {fmt} at {out}: {dict(sorted(counts.items()))} weights quantized, "
-               f"{calib_note}, {time.time() - t0:.1f}s, one layer in memory at a time")
+    click.echo(
+        f"{recipe.name} -> {fmt} at {out}: {dict(sorted(counts.items()))} weights quantized, "
+        f"{calib_note}, {time.time() - t0:.1f}s, one layer in memory at a time"
+    )

@@ -29,8 +29,9 @@ def corpus_files(split: str, root: Path | None = None) -> list[Path]:
     return [f for i, f in enumerate(files) if (i % 10 == 0) == (split == "heldout")]
 
 
-def token_batch(split: str, n_seqs: int, seq_len: int, seed: int = 0,
-                root: Path | None = None) -> torch.Tensor:
+def token_batch(
+    split: str, n_seqs: int, seq_len: int, seed: int = 0, root: Path | None = None
+) -> torch.Tensor:
     """int64 [n_seqs, seq_len] byte ids: windows at random offsets of random files of the split (seeded)."""
     files = corpus_files(split, root)
     g = torch.Generator().manual_seed(seed)
@@ -41,5 +42,5 @@ def token_batch(split: str, n_seqs: int, seq_len: int, seed: int = 0,
         if len(data) <= seq_len:
             continue
         off = int(torch.randint(len(data) - seq_len, (1,), generator=g))
-        out.append(torch.frombuffer(bytearray(data[off:off + seq_len]), dtype=torch.uint8).long())
+        out.append(torch.frombuffer(bytearray(data[off : off + seq_len]), dtype=torch.uint8).long())
     return torch.stack(out)

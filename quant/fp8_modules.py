@@ -129,8 +129,10 @@ class FP8Experts(Fp32Scales):
         """Keep 1/size of every expert's intermediate dim (dim -1) with its block scales: each part must
         be a whole number of 128-blocks (glm5/parallel/plan.py)."""
         if dim != -1 or self.inter % (size * BLOCK):
-            raise ValueError(f"moe_intermediate_size: {self.inter} does not split into {size} parts of whole "
-                             f"{BLOCK}-blocks (FP8 block scales)")
+            raise ValueError(
+                f"moe_intermediate_size: {self.inter} does not split into {size} parts of whole "
+                f"{BLOCK}-blocks (FP8 block scales)"
+            )
         for name, tdim in (("gate_proj", 1), ("up_proj", 1), ("down_proj", 2)):
             split(name, tdim)
             split(f"{name}_scale_inv", tdim)

@@ -26,9 +26,15 @@ class Hessian:
         self.n += m
 
 
-def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int | None = None,
-                  convention: str = "qmax", block: int = 128, damp: float = 0.01
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def gptq_quantize(
+    w: torch.Tensor,
+    h: torch.Tensor,
+    bits: int,
+    group_size: int | None = None,
+    convention: str = "qmax",
+    block: int = 128,
+    damp: float = 0.01,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] float, h [K, K] -> (q int8 [N, K], scale fp32 [N, G]).
 
     Group scales are taken from the error-updated weights at each group boundary when the group fits in
@@ -55,7 +61,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, group_size: int |
         for i in range(i2 - i1):
             col = i1 + i
             if dynamic and col % gs == 0:
-                scale[:, col // gs] = minmax_scale(w1[:, i:i + gs], bits, None, convention)[:, 0]
+                scale[:, col // gs] = minmax_scale(w1[:, i : i + gs], bits, None, convention)[:, 0]
             s = scale[:, col // gs].double()
             qc = torch.round(w1[:, i] / s).clamp(lo, hi)
             q[:, col] = qc.to(torch.int8)

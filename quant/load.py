@@ -34,8 +34,10 @@ def detect_format(path: str | Path) -> str | None:
             if qc.get("quant_method") == fp8.FORMAT:
                 return fp8.FORMAT  # GLM-5-FP8 / DeepSeek block FP8 (quant/formats/fp8.py)
             if qc.get("quant_method") != "compressed-tensors":
-                raise ValueError(f"quantization_config.quant_method: expected 'compressed-tensors', "
-                                 f"got {qc.get('quant_method')!r}")
+                raise ValueError(
+                    f"quantization_config.quant_method: expected 'compressed-tensors', "
+                    f"got {qc.get('quant_method')!r}"
+                )
             return compressed_tensors.FORMAT
     return None
 
@@ -54,8 +56,12 @@ def export(model: nn.Module, path: str | Path, fmt: str) -> None:
 
 
 @torch.no_grad()
-def load_quantized(path: str | Path, backend: Backend | str | None = None, dtype: torch.dtype | None = None,
-                   cls: type | None = None) -> nn.Module:
+def load_quantized(
+    path: str | Path,
+    backend: Backend | str | None = None,
+    dtype: torch.dtype | None = None,
+    cls: type | None = None,
+) -> nn.Module:
     """Build the model from `path`/config.json on the meta device, swap in the quantized modules the
     checkpoint describes, and fill every tensor (strict: nothing missing, nothing left over)."""
     from glm5.checkpoint import read_config, without_absent_mtp
@@ -65,8 +71,10 @@ def load_quantized(path: str | Path, backend: Backend | str | None = None, dtype
     path = Path(path)
     fmt = detect_format(path)
     if fmt is None:
-        raise ValueError(f"path: {path} holds no quantized checkpoint (no {modelslim.DESCRIPTION}, "
-                         "no quantization_config in config.json)")
+        raise ValueError(
+            f"path: {path} holds no quantized checkpoint (no {modelslim.DESCRIPTION}, "
+            "no quantization_config in config.json)"
+        )
     if fmt == fp8.FORMAT:
         return fp8.load_fp8(path, backend=backend, dtype=dtype, cls=cls)
     raw = read_config(path)

@@ -22,7 +22,7 @@ GIB = 1 << 30
 #: name -> (devices, GiB per device). Atlas 800T A3: 16 dies x 64 GB HBM; HGX H200: 8 x 141 GB
 #: (nvidia-smi reports 143771 MiB = 140.4 GiB per H200).
 MACHINES = {"Atlas 800T A3 (16 x 64 GB)": (16, 64.0), "8 x H200 (8 x 141 GB)": (8, 140.4)}
-CONTEXTS = {"128K": 131072, "200K": 202752}          # 202752 = max_position_embeddings
+CONTEXTS = {"128K": 131072, "200K": 202752}  # 202752 = max_position_embeddings
 KV_BYTES = {"bf16": (576 * 2, 128 * 2), "fp8": (656, 132)}
 
 
@@ -79,8 +79,12 @@ def preset_model(preset: str) -> torch.nn.Module:
         return GLM5ForCausalLM(GLM5Config.from_preset(preset), backend="reference", dtype=torch.bfloat16)
 
 
-def memory_table(preset: str = "glm5-744b", recipe_names: tuple[str, ...] = ("glm5-w8a8", "glm5-w4a8"),
-                 utilization: float = 0.9, with_mtp: bool = False) -> list[dict]:
+def memory_table(
+    preset: str = "glm5-744b",
+    recipe_names: tuple[str, ...] = ("glm5-w8a8", "glm5-w4a8"),
+    utilization: float = 0.9,
+    with_mtp: bool = False,
+) -> list[dict]:
     """One row per (scheme, machine): weights, KV room, and how many full 128K / 200K contexts fit."""
     model = preset_model(preset)
     plans = {"bf16": {}} | {r: plan_model(model, Recipe.load(r)) for r in recipe_names}
@@ -91,8 +95,14 @@ def memory_table(preset: str = "glm5-744b", recipe_names: tuple[str, ...] = ("gl
         for mname, (n, gib) in MACHINES.items():
             cap = n * gib * GIB
             room = utilization * cap - weights
-            row = {"scheme": scheme, "machine": mname, "weights_gib": weights / GIB,
-                   "capacity_gib": cap / GIB, "kv_room_gib": room / GIB, "fits": room > 0}
+            row = {
+                "scheme": scheme,
+                "machine": mname,
+                "weights_gib": weights / GIB,
+                "capacity_gib": cap / GIB,
+                "kv_room_gib": room / GIB,
+                "fits": room > 0,
+            }
             for kind in KV_BYTES:
                 per_tok = kv_bytes_per_token(model.config, kind, with_mtp)
                 for cname, ctx in CONTEXTS.items():

@@ -69,8 +69,9 @@ class QuantLinear(Fp32Scales):
             raise ValueError(f"group_size: expected a divisor of in_features={k}, got {scheme.group_size}")
         if scheme.name == W4A8:
             self.register_buffer("weight", torch.zeros(n, k // 2, dtype=torch.uint8, device=device))
-            self.register_buffer("weight_scale",
-                                 torch.zeros(n, k // self.group_size, dtype=F32, device=device))
+            self.register_buffer(
+                "weight_scale", torch.zeros(n, k // self.group_size, dtype=F32, device=device)
+            )
         else:
             self.register_buffer("weight", torch.zeros(n, k, dtype=torch.int8, device=device))
             self.register_buffer("weight_scale", torch.zeros(n, dtype=F32, device=device))

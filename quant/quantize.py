@@ -11,15 +11,16 @@ from quant.calibrate import calibrate
 from quant.recipe import Recipe, Scheme
 
 
-def quantize_model(model: nn.Module, recipe: Recipe | str, calib_ids: torch.Tensor | None = None,
-                   **calib_kw) -> dict[str, Scheme]:
+def quantize_model(
+    model: nn.Module, recipe: Recipe | str, calib_ids: torch.Tensor | None = None, **calib_kw
+) -> dict[str, Scheme]:
     """Quantize `model` in place by `recipe`. calib_ids [B, S] int: layer-by-layer calibration (smoothing,
     AWQ, GPTQ; quant/calibrate.py); None: data-free round-to-nearest (minmax or SSZ). Returns the plan."""
     recipe = Recipe.load(recipe) if isinstance(recipe, str) else recipe
     plan = plan_model(model, recipe)
     if calib_ids is not None:
         calibrate(model, recipe, plan, calib_ids, **calib_kw)
-    quantize_modules(model, plan, recipe)   # whatever calibration left (MTP, head) is data-free
+    quantize_modules(model, plan, recipe)  # whatever calibration left (MTP, head) is data-free
     if hasattr(model, "prepare_weights"):
         model.prepare_weights()  # the backend lays the quantized weights out once
     model.quant_plan = plan

@@ -54,15 +54,22 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (q.float().reshape(n, scale.shape[1], -1) * scale[..., None]).reshape(n, k)
 
 
-def minmax_scale(w: torch.Tensor, bits: int, group_size: int | None = None,
-                 convention: str = "qmax") -> torch.Tensor:
+def minmax_scale(
+    w: torch.Tensor, bits: int, group_size: int | None = None, convention: str = "qmax"
+) -> torch.Tensor:
     """Symmetric absmax scale fp32 [N, G] of w [N, K], floored at fp32 eps."""
     wg, _ = _groups(w, group_size)
     return (wg.abs().amax(-1) / _divisor(bits, convention)).clamp_min(_EPS)
 
 
-def quantize_weight(w: torch.Tensor, bits: int, group_size: int | None = None, convention: str = "qmax",
-                    method: str = "minmax", ssz_steps: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_weight(
+    w: torch.Tensor,
+    bits: int,
+    group_size: int | None = None,
+    convention: str = "qmax",
+    method: str = "minmax",
+    ssz_steps: int = 10,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] -> (q int8 [N, K], scale fp32 [N, G]) by minmax, or minmax refined by SSZ."""
     scale = minmax_scale(w, bits, group_size, convention)
     if method == "ssz":

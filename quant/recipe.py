@@ -27,7 +27,7 @@ SCHEMES = (W8A8, W4A8)
 class Scheme:
     """How one linear weight is stored and computed. group_size 0: per output channel."""
 
-    name: str                      # W8A8_DYNAMIC | W4A8_DYNAMIC
+    name: str  # W8A8_DYNAMIC | W4A8_DYNAMIC
     group_size: int = 0
 
     @property
@@ -110,14 +110,21 @@ class Recipe:
     # -- assignment ------------------------------------------------------------------------------
     def scheme_for(self, module: str, mtp_layers: list[int]) -> Scheme | None:
         """The scheme of one module name (None: FLOAT). Raises ValueError on ambiguity or a kept module."""
-        hits = [r for r in self.rules if _match(module, r.targets, mtp_layers)
-                and not _match(module, r.exclude, mtp_layers)]
+        hits = [
+            r
+            for r in self.rules
+            if _match(module, r.targets, mtp_layers) and not _match(module, r.exclude, mtp_layers)
+        ]
         if len(hits) > 1:
-            raise ValueError(f"recipe {self.name}: module {module} matches rules "
-                             f"{[r.name for r in hits]}; a module needs exactly one scheme")
+            raise ValueError(
+                f"recipe {self.name}: module {module} matches rules "
+                f"{[r.name for r in hits]}; a module needs exactly one scheme"
+            )
         if hits and _match(module, self.keep_float, mtp_layers):
-            raise ValueError(f"recipe {self.name}: module {module} is in keep_float but rule "
-                             f"{hits[0].name} assigns {hits[0].scheme.name}")
+            raise ValueError(
+                f"recipe {self.name}: module {module} is in keep_float but rule "
+                f"{hits[0].name} assigns {hits[0].scheme.name}"
+            )
         return hits[0].scheme if hits else None
 
     def plan(self, modules: list[str], mtp_layers: list[int]) -> dict[str, Scheme]:

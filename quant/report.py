@@ -21,8 +21,15 @@ from glm5.model import GLM5ForCausalLM
 from quant.data import token_batch
 
 
-def train_tiny(out: Path, seconds: float, batch: int = 8, seq_len: int = 64, lr: float = 3e-3,
-               seed: int = 0, init: Path | None = None) -> list[tuple[int, float]]:
+def train_tiny(
+    out: Path,
+    seconds: float,
+    batch: int = 8,
+    seq_len: int = 64,
+    lr: float = 3e-3,
+    seed: int = 0,
+    init: Path | None = None,
+) -> list[tuple[int, float]]:
     """Train the `tiny` preset on stdlib bytes for a wall-clock budget (fp32, AdamW, cosine after warmup),
     from random weights or from the checkpoint `init` (a continuation: its log's steps are kept)."""
     torch.manual_seed(seed)
@@ -53,16 +60,19 @@ def train_tiny(out: Path, seconds: float, batch: int = 8, seq_len: int = 64, lr:
             print(f"step {step} loss {float(loss):.4f} t={time.time() - t0:.0f}s", flush=True)
         step += 1
     model.save_pretrained(out)
-    (out / "train_log.json").write_text(json.dumps({"steps": step, "batch": batch, "seq_len": seq_len,
-                                                    "lr": lr, "loss": log}))
+    (out / "train_log.json").write_text(
+        json.dumps({"steps": step, "batch": batch, "seq_len": seq_len, "lr": lr, "loss": log})
+    )
     return log
 
 
 @torch.no_grad()
 def log_probs(model: GLM5ForCausalLM, ids: torch.Tensor, batch: int = 4) -> torch.Tensor:
     """Next-token log-probabilities fp32 [B, S-1, V] over ids [B, S]."""
-    out = [torch.log_softmax(model(ids[i:i + batch]).logits.float()[:, :-1], -1)
-           for i in range(0, ids.shape[0], batch)]
+    out = [
+        torch.log_softmax(model(ids[i : i + batch]).logits.float()[:, :-1], -1)
+        for i in range(0, ids.shape[0], batch)
+    ]
     return torch.cat(out)
 
 
@@ -87,12 +97,15 @@ def ppl_table(model_dir: Path, n_eval: int = 32, n_calib: int = 16, seq_len: int
 
     ev = token_batch("heldout", n_eval, seq_len, seed=1)
     cal = token_batch("train", n_calib, seq_len, seed=2)
-    runs = [("fp32", None, None, None), ("bf16", None, None, None),
-            ("W8A8 (glm5-w8a8), round-to-nearest", "glm5-w8a8", None, False),
-            ("W8A8 (glm5-w8a8), SmoothQuant calibrated", "glm5-w8a8", None, True),
-            ("W4A8-experts (glm5-w4a8), round-to-nearest", "glm5-w4a8", None, False),
-            ("W4A8-experts (glm5-w4a8), SmoothQuant + AWQ + SSZ calibrated", "glm5-w4a8", None, True),
-            ("W4A8-experts per-group g16 (glm5-w4a8-g128 recipe), AWQ + GPTQ", "glm5-w4a8-g128", 16, True)]
+    runs = [
+        ("fp32", None, None, None),
+        ("bf16", None, None, None),
+        ("W8A8 (glm5-w8a8), round-to-nearest", "glm5-w8a8", None, False),
+        ("W8A8 (glm5-w8a8), SmoothQuant calibrated", "glm5-w8a8", None, True),
+        ("W4A8-experts (glm5-w4a8), round-to-nearest", "glm5-w4a8", None, False),
+        ("W4A8-experts (glm5-w4a8), SmoothQuant + AWQ + SSZ calibrated", "glm5-w4a8", None, True),
+        ("W4A8-experts per-group g16 (glm5-w4a8-g128 recipe), AWQ + GPTQ", "glm5-w4a8-g128", 16, True),
+    ]
     rows: list[dict] = []
     ref_lp = None
     for label, recipe, gs, calibrated in runs:
@@ -112,10 +125,20 @@ def ppl_table(model_dir: Path, n_eval: int = 32, n_calib: int = 16, seq_len: int
         # paired fidelity against fp32 on the same tokens: mean KL(fp32 || config), top-1 agreement
         kl = float((ref_lp.exp() * (ref_lp - lp)).sum(-1).mean())
         top1 = float((ref_lp.argmax(-1) == lp.argmax(-1)).float().mean())
-        rows.append({"config": label, "ppl": p, "kl_vs_fp32": kl, "top1_agree": top1,
-                     "weight_bytes": wb.total, "by_scheme": wb.by_scheme, "quantize_s": tq})
-        print(f"{label}: ppl {p:.4f} KL {kl:.2e} top1 {top1:.4f} weights {wb.total} B ({tq:.0f}s)",
-              flush=True)
+        rows.append(
+            {
+                "config": label,
+                "ppl": p,
+                "kl_vs_fp32": kl,
+                "top1_agree": top1,
+                "weight_bytes": wb.total,
+                "by_scheme": wb.by_scheme,
+                "quantize_s": tq,
+            }
+        )
+        print(
+            f"{label}: ppl {p:.4f} KL {kl:.2e} top1 {top1:.4f} weights {wb.total} B ({tq:.0f}s)", flush=True
+        )
     return rows
 
 
@@ -144,8 +167,10 @@ def ppl(model_dir: Path, out: Path, n_eval: int) -> None:
     out.write_text(json.dumps(rows, indent=1))
     for r in rows:
         sch = ", ".join(f"{k} {v:,}" for k, v in sorted(r["by_scheme"].items()))
-        print(f"| {r['config']} | {r['ppl']:.3f} | {r['kl_vs_fp32']:.2e} | {100 * r['top1_agree']:.2f}% | "
-              f"{r['weight_bytes']:,} ({sch}) |")
+        print(
+            f"| {r['config']} | {r['ppl']:.3f} | {r['kl_vs_fp32']:.2e} | {100 * r['top1_agree']:.2f}% | "
+            f"{r['weight_bytes']:,} ({sch}) |"
+        )
 
 
 @main.command()
@@ -163,9 +188,11 @@ def memory(mtp: bool) -> None:
     from quant.memory import memory_table
 
     for r in memory_table(with_mtp=mtp):
-        print(f"| {r['scheme']} | {r['machine']} | {r['weights_gib']:.0f} | {r['kv_room_gib']:.0f} | "
-              f"{r['seqs_128K_bf16']:.1f} | {r['seqs_200K_bf16']:.1f} | {r['seqs_128K_fp8']:.1f} | "
-              f"{r['seqs_200K_fp8']:.1f} |")
+        print(
+            f"| {r['scheme']} | {r['machine']} | {r['weights_gib']:.0f} | {r['kv_room_gib']:.0f} | "
+            f"{r['seqs_128K_bf16']:.1f} | {r['seqs_200K_bf16']:.1f} | {r['seqs_128K_fp8']:.1f} | "
+            f"{r['seqs_200K_fp8']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -72,8 +72,13 @@ def open_source(src: Path, dtype: torch.dtype | None) -> tuple[TensorReader, dic
 
 
 @torch.no_grad()
-def _materialize(model: nn.Module, modules: list[nn.Module], scope: Callable[[str], bool],
-                 reader: TensorReader, copies: dict[str, str]) -> None:
+def _materialize(
+    model: nn.Module,
+    modules: list[nn.Module],
+    scope: Callable[[str], bool],
+    reader: TensorReader,
+    copies: dict[str, str],
+) -> None:
     """Allocate `modules` on the backend's device and fill their tensors in `scope` from the reader."""
     for m in modules:
         m.to_empty(device=model.backend.device)

@@ -29,8 +29,10 @@ def dirs(tmp_path_factory):
     model.save_pretrained(root / "float")
     model.save_pretrained(root / "nomtp")
     t = load_file(root / "nomtp" / "model.safetensors")
-    save_file({k: v for k, v in t.items() if not k.startswith("model.layers.4.")},
-              root / "nomtp" / "model.safetensors")
+    save_file(
+        {k: v for k, v in t.items() if not k.startswith("model.layers.4.")},
+        root / "nomtp" / "model.safetensors",
+    )
     from quant.load import export
     from quant.quantize import quantize_model
 
@@ -61,12 +63,31 @@ def _cases(d):
         (["quantize", "--model", q, "--format", "compressed-tensors", "--out", str(d / "q2")], {}, "--model"),
         (["quantize", "--model", f, "--format", "modelslim", "--out", f], {}, "--out"),
         (["quantize", "--model", f, "--out", str(d / "q3")], {}, "--format"),
-        (["quantize", "--model", f, "--recipe", str(d / "int_rules.yaml"), "--format", "compressed-tensors",
-          "--out", str(d / "q5")], {}, "--recipe"),
-        (["quantize", "--model", f, "--format", "modelslim", "--out", str(d / "q4"), "--backend", "x"], {},
-         "--backend"),
-        (["export-onnx", "--model", q, "--out", str(d / "float" / "config.json")], {},
-         "--out" if HAS_ONNX else "onnx"),
+        (
+            [
+                "quantize",
+                "--model",
+                f,
+                "--recipe",
+                str(d / "int_rules.yaml"),
+                "--format",
+                "compressed-tensors",
+                "--out",
+                str(d / "q5"),
+            ],
+            {},
+            "--recipe",
+        ),
+        (
+            ["quantize", "--model", f, "--format", "modelslim", "--out", str(d / "q4"), "--backend", "x"],
+            {},
+            "--backend",
+        ),
+        (
+            ["export-onnx", "--model", q, "--out", str(d / "float" / "config.json")],
+            {},
+            "--out" if HAS_ONNX else "onnx",
+        ),
         (["export-onnx", "--preset", "nope", "--out", str(d / "x.onnx")], {}, "--preset"),  # before onnx
         (["train", "--out", str(d / "new"), "--resume"], {}, "--resume"),
         (["train", "--out", str(d / "new"), "--save-every", "0"], {}, "--save-every"),
@@ -74,8 +95,11 @@ def _cases(d):
         (["train", "--out", run], {}, "--out"),
         (["train", "--out", str(d / "new"), "--model", q], {}, "--model"),
         (["conformance", "--backend", "nope"], {}, "nope"),
-        *([(["generate", "--preset", "tiny", "--backend", "cuda"], {}, "not available")]
-          if not {n: ok for n, ok, _ in backends.available()}.get("cuda") else []),
+        *(
+            [(["generate", "--preset", "tiny", "--backend", "cuda"], {}, "not available")]
+            if not {n: ok for n, ok, _ in backends.available()}.get("cuda")
+            else []
+        ),
         (["conformance", "--suite", "everything"], {}, "--suite"),
     ]
 
@@ -96,9 +120,21 @@ def test_every_bad_invocation_is_one_line_with_exit_code_2(dirs, monkeypatch):
 
 def test_deprecated_checkpoint_spellings_still_work(dirs, tmp_path):
     """--model everywhere; --checkpoint / --init / the positional SRC are hidden deprecated aliases."""
-    res = CliRunner().invoke(main, ["quantize", str(dirs / "float"), "--format", "compressed-tensors",
-                                    "--recipe", "glm5-w8a8", "--out", str(tmp_path / "q"),
-                                    "--calib-seqs", "0"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "quantize",
+            str(dirs / "float"),
+            "--format",
+            "compressed-tensors",
+            "--recipe",
+            "glm5-w8a8",
+            "--out",
+            str(tmp_path / "q"),
+            "--calib-seqs",
+            "0",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "deprecated" in res.stderr
     for cmd in ("quantize", "train", "generate", "export-onnx"):

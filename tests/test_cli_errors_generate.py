@@ -32,8 +32,19 @@ def dirs(tmp_path_factory):
     model = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend="reference")
     model.init_weights(0)
     model.save_pretrained(root / "float")
-    res = CliRunner().invoke(main, ["quantize", "--model", str(root / "float"), "--format", "fp8",
-                                    "--out", str(root / "fp8"), "--quiet"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "quantize",
+            "--model",
+            str(root / "float"),
+            "--format",
+            "fp8",
+            "--out",
+            str(root / "fp8"),
+            "--quiet",
+        ],
+    )
     assert res.exit_code == 0, res.output
     return root
 
@@ -45,24 +56,50 @@ def _cases(d):
         # a preset that cannot fit in this machine's memory: refused before it is built
         (["generate", "--preset", "glm5-744b"], "--preset", "GiB"),
         (["train", "--config", "glm5-744b", "--out", str(d / "run744")], "--config", "GiB"),
-        (["export-onnx", "--preset", "glm5-744b", "--out", str(d / "x.onnx")],
-         "--preset" if HAS_ONNX else "onnx", "GiB" if HAS_ONNX else "pip install"),
+        (
+            ["export-onnx", "--preset", "glm5-744b", "--out", str(d / "x.onnx")],
+            "--preset" if HAS_ONNX else "onnx",
+            "GiB" if HAS_ONNX else "pip install",
+        ),
         # positions past max_position_embeddings
         ([*tiny, "--prompt-len", str(limit + 1)], "--prompt-len", "max_position_embeddings"),
         ([*tiny, "--prompt-len", "1000000"], "--prompt-len", "max_position_embeddings"),
         ([*tiny, "--max-new-tokens", str(limit)], "--max-new-tokens", "max_position_embeddings"),
-        ([*tiny, "--prompt-ids", "1,2", "--max-new-tokens", str(limit - 1)], "--max-new-tokens",
-         "max_position_embeddings"),
+        (
+            [*tiny, "--prompt-ids", "1,2", "--max-new-tokens", str(limit - 1)],
+            "--max-new-tokens",
+            "max_position_embeddings",
+        ),
         ([*tiny, "--max-new-tokens", "0"], "--max-new-tokens", "1"),
-        (["export-onnx", "--preset", "tiny", "--seq-len", str(limit + 1), "--out", str(d / "y.onnx")],
-         "--seq-len" if HAS_ONNX else "onnx", "max_position_embeddings" if HAS_ONNX else "pip install"),
+        (
+            ["export-onnx", "--preset", "tiny", "--seq-len", str(limit + 1), "--out", str(d / "y.onnx")],
+            "--seq-len" if HAS_ONNX else "onnx",
+            "max_position_embeddings" if HAS_ONNX else "pip install",
+        ),
         # the draft length and the temperature
         ([*tiny, "--mtp", "1000"], "--mtp", "8"),
         ([*tiny, "--temperature", "nan"], "--temperature", "finite"),
         ([*tiny, "--temperature", "inf"], "--temperature", "finite"),
         ([*tiny, "--temperature", "-1"], "--temperature", "0"),
-        *([(["generate", "--model", str(d / "fp8"), "--backend", "onnxruntime", "--max-new-tokens", "2"],
-            "--backend", "onnxruntime")] if HAS_ORT else []),
+        *(
+            [
+                (
+                    [
+                        "generate",
+                        "--model",
+                        str(d / "fp8"),
+                        "--backend",
+                        "onnxruntime",
+                        "--max-new-tokens",
+                        "2",
+                    ],
+                    "--backend",
+                    "onnxruntime",
+                )
+            ]
+            if HAS_ORT
+            else []
+        ),
     ]
 
 
@@ -78,8 +115,23 @@ def test_every_bad_invocation_is_one_line_with_exit_code_2(dirs):
 
 def test_the_largest_accepted_values_still_run():
     limit = GLM5Config.from_preset("tiny").max_position_embeddings
-    res = CliRunner().invoke(main, ["generate", "--preset", "tiny", "--prompt-len", str(limit - 2),
-                                    "--max-new-tokens", "2", "--mtp", "8", "--temperature", "0.5", "--json"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            "--preset",
+            "tiny",
+            "--prompt-len",
+            str(limit - 2),
+            "--max-new-tokens",
+            "2",
+            "--mtp",
+            "8",
+            "--temperature",
+            "0.5",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert '"tokens": [' in res.output
 
@@ -91,8 +143,9 @@ def test_version_is_the_installed_package_version():
 
 
 def test_generate_accepts_the_deprecated_checkpoint_spelling(dirs):
-    res = CliRunner().invoke(main, ["generate", "--checkpoint", str(dirs / "float"), "--max-new-tokens", "2",
-                                    "--json"])
+    res = CliRunner().invoke(
+        main, ["generate", "--checkpoint", str(dirs / "float"), "--max-new-tokens", "2", "--json"]
+    )
     assert res.exit_code == 0, res.output
     assert "deprecated" in res.stderr and '"tokens": [' in res.stdout
 
@@ -110,8 +163,9 @@ def test_export_onnx_help_works_without_the_onnx_extra():
             print("EXIT", e.code)
         """
     )
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert "EXIT 0" in res.stdout and "--seq-len" in res.stdout, res.stdout + res.stderr
 
 
@@ -121,9 +175,24 @@ def test_export_onnx_quiet_prints_nothing_on_stderr(tmp_path):
     silenced under --quiet; the result line stays on stdout."""
     script = "from glm5.cli import main; main()"
     res = subprocess.run(
-        [sys.executable, "-c", script, "export-onnx", "--preset", "tiny", "--seq-len", "8", "--no-verify",
-         "--quiet", "--out", str(tmp_path / "m.onnx")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        [
+            sys.executable,
+            "-c",
+            script,
+            "export-onnx",
+            "--preset",
+            "tiny",
+            "--seq-len",
+            "8",
+            "--no-verify",
+            "--quiet",
+            "--out",
+            str(tmp_path / "m.onnx"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert res.returncode == 0, res.stderr
@@ -133,8 +202,23 @@ def test_export_onnx_quiet_prints_nothing_on_stderr(tmp_path):
 
 def test_nothing_cites_a_reference_outside_the_repository():
     cited = "shared/" + "reference"  # spelled apart so that this file does not cite it
-    dirs = ["docs", "glm5", "backends", "quant", "conformance", "bench", "tests",
-            *(p.name for p in ROOT.glob("kernels_*"))]
-    paths = [ROOT / "README.md", *(p for d in dirs for p in (ROOT / d).rglob("*")
-                                   if p.suffix in {".md", ".py", ".yaml", ".tmpl", ".txt"})]
+    dirs = [
+        "docs",
+        "glm5",
+        "backends",
+        "quant",
+        "conformance",
+        "bench",
+        "tests",
+        *(p.name for p in ROOT.glob("kernels_*")),
+    ]
+    paths = [
+        ROOT / "README.md",
+        *(
+            p
+            for d in dirs
+            for p in (ROOT / d).rglob("*")
+            if p.suffix in {".md", ".py", ".yaml", ".tmpl", ".txt"}
+        ),
+    ]
     assert [str(p) for p in paths if cited in p.read_text(errors="replace")] == []

@@ -68,8 +68,17 @@ def test_plan_bad_arguments_are_one_line_with_exit_code_2(tmp_path):
 
 
 def test_plan_fp8_on_ascend_names_recipe():
-    args = ["plan", "--machine", "atlas-800t-a3", "--config", "tiny", "--recipe", "fp8",
-            "--max-model-len", "64"]
+    args = [
+        "plan",
+        "--machine",
+        "atlas-800t-a3",
+        "--config",
+        "tiny",
+        "--recipe",
+        "fp8",
+        "--max-model-len",
+        "64",
+    ]
     res = CliRunner().invoke(main, args)
     _one_error_line(res, "--recipe")
 
@@ -90,8 +99,17 @@ def test_plan_default_on_h200_is_a_recipe_vllm_serves():
 
 
 def test_plan_that_does_not_fit_prints_no_serve_command():
-    args = ["plan", "--machine", "h200x8", "--config", "tiny", "--max-model-len", "2048",
-            "--gpu-memory-utilization", "0.00001"]
+    args = [
+        "plan",
+        "--machine",
+        "h200x8",
+        "--config",
+        "tiny",
+        "--max-model-len",
+        "2048",
+        "--gpu-memory-utilization",
+        "0.00001",
+    ]
     res = CliRunner().invoke(main, [*args, "--json"])
     assert res.exit_code == 1 and "does not fit" in res.stderr
     p = json.loads(res.stdout)
@@ -193,8 +211,15 @@ def test_port_status_reports_are_replaced_atomically(tmp_path, conformance_json)
         os.link(p, tmp_path / f"old.{opt}")
     res = CliRunner().invoke(
         main,
-        ["port", "status", "reference", "--no-model", "--from-json", str(conformance_json),
-         *[a for o, p in outs.items() for a in (f"--{o}", str(p))]],
+        [
+            "port",
+            "status",
+            "reference",
+            "--no-model",
+            "--from-json",
+            str(conformance_json),
+            *[a for o, p in outs.items() for a in (f"--{o}", str(p))],
+        ],
     )
     assert res.exit_code in (0, 1), res.output
     assert json.loads(outs["json"].read_text())["backend"] == "reference"

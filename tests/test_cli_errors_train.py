@@ -21,8 +21,20 @@ from glm5.train.loop import TrainConfig, Trainer
 from glm5.train.state import checkpoints, latest_checkpoint, save_checkpoint
 
 SMALL = dict(batch_size=1, seq_len=16, eval_every=2, eval_batches=1, save_every=1, max_bytes=64 << 10)
-ARGS = ["--config", "tiny", "--quiet", "--no-rollout-check", "--batch-size", "1", "--seq-len", "16",
-        "--eval-every", "2", "--save-every", "1"]
+ARGS = [
+    "--config",
+    "tiny",
+    "--quiet",
+    "--no-rollout-check",
+    "--batch-size",
+    "1",
+    "--seq-len",
+    "16",
+    "--eval-every",
+    "2",
+    "--save-every",
+    "1",
+]
 
 
 def _train(out, *extra):
@@ -86,8 +98,17 @@ def test_out_that_is_not_a_run_of_ours_or_empty_or_unmakeable_is_one_line(tmp_pa
     _one_error(_train(ro / "run", "--steps", "1"), 2, "'--out'", "Permission denied")
 
 
-@pytest.mark.parametrize("option, value", [("--lr", "inf"), ("--lr", "nan"), ("--lr", "0"), ("--lr", "-1"),
-                                           ("--temperature", "nan"), ("--temperature", "inf")])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--lr", "inf"),
+        ("--lr", "nan"),
+        ("--lr", "0"),
+        ("--lr", "-1"),
+        ("--temperature", "nan"),
+        ("--temperature", "inf"),
+    ],
+)
 def test_non_finite_or_non_positive_floats_are_refused(tmp_path, option, value):
     _one_error(_train(tmp_path / "run", "--steps", "1", option, value), 2, f"'{option}'")
     assert not (tmp_path / "run").exists()
@@ -165,8 +186,9 @@ def test_a_full_disk_is_one_line_and_loses_nothing(run3, tmp_path, monkeypatch):
 
     def full(tensors, path, *args, **kwargs):
         if "step-000004" in str(path):  # what the Rust writer raises on ENOSPC
-            raise SafetensorError("Error while serializing: I/O error: No space left on device "
-                                  f'(os error 28) at path "{path}"')
+            raise SafetensorError(
+                f'Error while serializing: I/O error: No space left on device (os error 28) at path "{path}"'
+            )
         return real(tensors, path, *args, **kwargs)
 
     monkeypatch.setattr(safetensors.torch, "save_file", full)
@@ -181,8 +203,11 @@ def _dead_pid() -> int:
     import subprocess
     import sys
 
-    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True).stdout)
+    return int(
+        subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+        ).stdout
+    )
 
 
 @pytest.mark.parametrize(
@@ -197,7 +222,6 @@ def test_sequences_past_the_models_positions_are_refused_before_building(tmp_pat
     res = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "o"), *ARGS, "--steps", "1", *extra])
     _one_error(res, 2, hint)
     assert not (tmp_path / "o").exists()
-
 
 
 @pytest.mark.parametrize("name", ["optimizer.safetensors", "rng.safetensors", "optimizer.json"])

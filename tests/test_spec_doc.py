@@ -7,14 +7,31 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = [p for d in ("backends", "conformance", "glm5", "quant", "kernels_cuda", "kernels_ascend", "bench",
-                       "docs", "tests") for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".md", ".yaml")]
+SOURCES = [
+    p
+    for d in (
+        "backends",
+        "conformance",
+        "glm5",
+        "quant",
+        "kernels_cuda",
+        "kernels_ascend",
+        "bench",
+        "docs",
+        "tests",
+    )
+    for p in (ROOT / d).rglob("*")
+    if p.suffix in (".py", ".md", ".yaml")
+]
 SOURCES += [ROOT / "README.md", ROOT / "tox.ini", ROOT / "pyproject.toml"]
 
 
 def test_nothing_cites_the_contract_outside_the_repository():
-    bad = [str(p.relative_to(ROOT)) for p in SOURCES if p != Path(__file__) and re.search(
-        r"\.\./(shared/)?SPEC\.md", p.read_text(errors="replace"))]
+    bad = [
+        str(p.relative_to(ROOT))
+        for p in SOURCES
+        if p != Path(__file__) and re.search(r"\.\./(shared/)?SPEC\.md", p.read_text(errors="replace"))
+    ]
     assert bad == []
 
 

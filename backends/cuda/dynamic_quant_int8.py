@@ -22,7 +22,14 @@ def dynamic_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return kernel(x)
 
 
-IMPL = OpImpl(dynamic_quant_int8, OpCaps(FLOATS, limits={
-    "numerics": "bitwise equal to the reference for finite x",
-    # NaN/inf rows: the reference casts a NaN quotient to int8 (undefined in C); the kernel clamps it
-    "non-finite x": "not claimed"}))
+IMPL = OpImpl(
+    dynamic_quant_int8,
+    OpCaps(
+        FLOATS,
+        limits={
+            "numerics": "bitwise equal to the reference for finite x",
+            # NaN/inf rows: the reference casts a NaN quotient to int8 (undefined in C); the kernel clamps it
+            "non-finite x": "not claimed",
+        },
+    ),
+)

@@ -170,8 +170,13 @@ _COUNT = click.IntRange(min=1)
     "--max-num-seqs", type=_COUNT, default=None, help="engine max-num-seqs (default: the machine's)"
 )
 @click.option("--max-num-batched-tokens", type=_COUNT, default=None)
-@click.option("--gpu-memory-utilization", type=float, default=None, callback=_utilization,
-              help="fraction of device memory the engine uses, in (0, 1] (default: the machine's)")
+@click.option(
+    "--gpu-memory-utilization",
+    type=float,
+    default=None,
+    callback=_utilization,
+    help="fraction of device memory the engine uses, in (0, 1] (default: the machine's)",
+)
 @click.option("--model-path", default=None, help="checkpoint path for the serve command")
 @click.option(
     "--engine",
@@ -276,6 +281,8 @@ def _plan_plugin(req: Any, model_path: str | None, as_json: bool) -> None:
         raise click.BadParameter(pp.refused, param_hint="'--engine'")
     click.echo(json.dumps(pp.to_dict(), indent=2) if as_json else "\n".join(plugin_text(pp)))
     if not pp.fits:
-        click.echo(f"error: the plugin cannot serve {req.recipe} on {req.nodes} x {req.machine.name}: "
-                   f"{pp.reason()}", err=True)
+        click.echo(
+            f"error: the plugin cannot serve {req.recipe} on {req.nodes} x {req.machine.name}: {pp.reason()}",
+            err=True,
+        )
         sys.exit(1)

@@ -156,9 +156,10 @@ def _quant_parts(n: int, k: int, s: Scheme, fmt: str, leaf: str, bias: bool, spl
                 else Part("scale_bias", (n, 1), 4, ("n", "-"))
             )
     elif fmt == "fp8":  # GLM-5-FP8: e4m3 weight + fp32 weight_scale_inv per 128 x 128 block
-        out = [Part("weight", (n, k), 1, ("n", "k")),
-               Part("weight_scale_inv", (-(-n // 128), -(-k // 128)), 4,
-                                                           ("n", "k"))]
+        out = [
+            Part("weight", (n, k), 1, ("n", "k")),
+            Part("weight_scale_inv", (-(-n // 128), -(-k // 128)), 4, ("n", "k")),
+        ]
     elif fmt == "compressed-tensors":
         if s.name == W4A8:
             out = [

@@ -103,16 +103,24 @@ def _cache_formats(req: Request, be: Any) -> tuple[str, str, str | None]:
     if req.kv_fmt != "fp8":
         return "bf16", "bf16", None
     if req.machine.vendor == "ascend":  # its 'fp8' cache sizes are vllm-ascend's int8 C8 caches
-        return "fp8", "fp8", (
-            f"kv_cache fp8: {req.machine.name} has no FP8 datapath, so the plugin's fp8_ds_mla cache is "
-            "not served there (use --kv-cache-dtype bf16)"
+        return (
+            "fp8",
+            "fp8",
+            (
+                f"kv_cache fp8: {req.machine.name} has no FP8 datapath, so the plugin's fp8_ds_mla cache is "
+                "not served there (use --kv-cache-dtype bf16)"
+            ),
         )
     if be is not None and be.ops:
         missing = [op for op in FP8_CACHE_OPS if not be.capabilities(op)]
         if missing:
-            return "fp8", "fp8", (
-                f"kv_cache fp8: the plugin's fp8_ds_mla cache needs {', '.join(missing)}, which backend "
-                f"{be.name!r} does not declare (use --kv-cache-dtype bf16)"
+            return (
+                "fp8",
+                "fp8",
+                (
+                    f"kv_cache fp8: the plugin's fp8_ds_mla cache needs {', '.join(missing)}, which backend "
+                    f"{be.name!r} does not declare (use --kv-cache-dtype bf16)"
+                ),
             )
         return "fp8", "fp8" if be.capabilities(FP8_INDEXER_OP) else "bf16", None
     return "fp8", "fp8", None  # the backend declares its ops only where it runs: planned as declared there
@@ -135,7 +143,15 @@ def _evaluate(req: Request, tp: int, dp: int, ep: bool, kv: str, idx: str) -> Pl
         draft += sum(w.rank_bytes(1, 1, False) for w in weights if w.module == "lm_head" and not w.mtp)
     work = sum(
         memory.workspace(
-            c, tp, tp, ep, req.batched_tokens, req.seqs, req.spec, int(tp > 1), m.comm_buffer_bytes,
+            c,
+            tp,
+            tp,
+            ep,
+            req.batched_tokens,
+            req.seqs,
+            req.spec,
+            int(tp > 1),
+            m.comm_buffer_bytes,
             m.reserve_bytes,
         ).values()
     )

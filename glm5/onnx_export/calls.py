@@ -132,8 +132,6 @@ def call_grouped_matmul_w4a8(x, x_scale, w, w_scale, group_offsets, group_size: 
 
 
 @script(glm5)
-def call_linear_cross_entropy(
-    h, weight, targets, ignore_index: int, chunk_elems: int
-) -> tuple[FLOAT, FLOAT]:
+def call_linear_cross_entropy(h, weight, targets, ignore_index: int, chunk_elems: int) -> tuple[FLOAT, FLOAT]:
     loss, lse = linear_cross_entropy(h, weight, targets, ignore_index=ignore_index, chunk_elems=chunk_elems)
     return loss, lse

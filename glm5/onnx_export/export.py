@@ -110,17 +110,27 @@ def _load(preset: str | None, checkpoint: str | None, dtype: torch.dtype):
 
 
 @click.command("export-onnx")
-@click.option("--preset", default=None, callback=check_preset,
-              help="Model preset (default: tiny) when no --model is given.")
-@model_option(help="A float or W8A8 / W4A8 (compressed-tensors, msModelSlim) checkpoint directory.",
-              aliases=("--checkpoint",))
+@click.option(
+    "--preset",
+    default=None,
+    callback=check_preset,
+    help="Model preset (default: tiny) when no --model is given.",
+)
+@model_option(
+    help="A float or W8A8 / W4A8 (compressed-tensors, msModelSlim) checkpoint directory.",
+    aliases=("--checkpoint",),
+)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--seq-len", type=click.IntRange(min=1), default=64, show_default=True)
 # float32 only: torch exports the absorbed-MLA einsums as ONNX Einsum, which has no bfloat16 in opset 18;
 # vendor compilers choose their own precision (ATC precision modes) from the float32 graph
 @click.option("--dtype", type=click.Choice(["float32"]), default="float32", show_default=True)
-@click.option("--out", type=click.Path(dir_okay=False), required=True,
-              help="Where to write the .onnx model (an existing file only with --overwrite).")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Where to write the .onnx model (an existing file only with --overwrite).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace existing output files (atomically).")
 @click.option(
     "--inline", is_flag=True, help="Also write <out>.inlined.onnx with every glm5 function inlined."
@@ -155,8 +165,9 @@ def export_onnx(
     def refuse_existing() -> None:
         for path in outputs:
             if Path(path).exists() and not overwrite:
-                raise click.BadParameter(f"{path} already exists; pass --overwrite to replace it",
-                                         param_hint="'--out'")
+                raise click.BadParameter(
+                    f"{path} already exists; pass --overwrite to replace it", param_hint="'--out'"
+                )
 
     refuse_existing()
     for path in outputs:

@@ -22,8 +22,9 @@ def _source(value: str, sharded: bool) -> Path:
     if not (path / "config.json").is_file():
         raise click.BadParameter(f"{value} holds no config.json: not a checkpoint", param_hint="'SRC'")
     if is_sharded(path) != sharded:
-        want = ("a sharded (glm5 train --nproc N)" if sharded
-                else "a Hugging Face (config.json + *.safetensors)")
+        want = (
+            "a sharded (glm5 train --nproc N)" if sharded else "a Hugging Face (config.json + *.safetensors)"
+        )
         raise click.BadParameter(f"{value} is not {want} checkpoint", param_hint="'SRC'")
     if not sharded:
         from quant.load import is_quantized
@@ -31,8 +32,9 @@ def _source(value: str, sharded: bool) -> Path:
         with one_line_errors("'SRC'"):
             quantized = is_quantized(path)
         if quantized:  # training state is float: a quantized export is not one to train from
-            raise click.BadParameter(f"{value} is a quantized checkpoint; expected a float (unquantized) one",
-                                     param_hint="'SRC'")
+            raise click.BadParameter(
+                f"{value} is a quantized checkpoint; expected a float (unquantized) one", param_hint="'SRC'"
+            )
     return path
 
 

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 
 import click
 
@@ -16,7 +15,6 @@ from glm5 import fsio
 from glm5.cli_args import (
     MODEL_DEFAULT_BACKEND,
     backend_choice,
-    check_positions,
     check_preset,
     check_preset_fits,
     model_option,
@@ -24,6 +22,14 @@ from glm5.cli_args import (
     one_writer,
 )
 from glm5.threads import command_threads
+from glm5.train.cli_checks import (
+    check_resumable_sharded,
+    check_resume_options,
+    check_sequence_fits,
+    parallel_options,
+    pipeline_options,
+    run_dir,
+)
 from glm5.train.muon import MODES
 
 _POS = click.IntRange(min=1)
@@ -42,205 +48,161 @@ class _FiniteFloat(click.FloatRange):
 _POS_FLOAT = _FiniteFloat(min=0, min_open=True)
 
 
-def _check_sequence_fits(model_path: Path | None, preset: str, tokens: int, hint: str) -> None:
-    """Refuse sequences past the model's max_position_embeddings before anything is built (an unbounded
-    --seq-len ran out of memory or failed deep inside the data loader)."""
-    from glm5.checkpoint import read_config
-    from glm5.config import GLM5Config
-
-    with one_line_errors("'--model'" if model_path is not None else "'--config'"):
-        config = (GLM5Config.from_dict(read_config(Path(model_path))) if model_path is not None
-                  else GLM5Config.from_preset(preset))
-    check_positions(config, tokens, hint, "a training sequence")
-
-
-def _run_dir(out: str, resume: bool) -> Path:
-    """--out as a directory that exists: refused if empty, not a directory, not writable, or (a new run)
-    holding files that are not a training run's."""
-    from glm5.train.loop import foreign_entries
-
-    if not out.strip():
-        raise click.BadParameter("expected a directory path, got an empty string", param_hint="'--out'")
-    path = Path(out)
-    try:
-        if not resume:
-            foreign = foreign_entries(path)
-            if foreign:
-                raise click.BadParameter(
-                    f"{path} holds files that are not a training run's ({', '.join(foreign[:3])}"
-                    f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty directory",
-                    param_hint="'--out'")
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise click.BadParameter(f"{path} exists and is not a directory", param_hint="'--out'") from None
-    except OSError as exc:
-        raise click.BadParameter(fsio.describe(exc), param_hint="'--out'") from None
-    return path
-
-
-def _parallel(nproc: int, mesh: str | None, stage: str, batch_size: int):
-    """The Mesh of a run on several processes (None for one), checked against --nproc, --stage and
-    --batch-size in one line naming the option. Under torchrun, --nproc defaults to its WORLD_SIZE."""
-    from glm5.train.distributed import under_torchrun
-    from glm5.train.mesh import Mesh, check_mesh, parse_mesh
-
-    ctx = click.get_current_context()
-    if under_torchrun():
-        world = int(os.environ["WORLD_SIZE"])
-        if ctx.get_parameter_source("nproc") == click.core.ParameterSource.COMMANDLINE and nproc != world:
-            raise click.BadParameter(f"torchrun started {world} processes, got {nproc}",
-                                     param_hint="'--nproc'")
-        nproc = world
-    try:
-        parsed = parse_mesh(mesh) if mesh is not None else Mesh(dp=nproc)
-        check_mesh(parsed, nproc)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--mesh'") from None
-    if nproc == 1:
-        return None
-    if batch_size % parsed.dp:
-        raise click.BadParameter(f"the global batch must divide by dp ({parsed.dp}), got {batch_size}",
-                                 param_hint="'--batch-size'")
-    return parsed
-
-
-def _pipeline_options(parallel, stage: str, batch_size: int, microbatches: int | None, schedule: str,
-                      mtp_stage: str, source: tuple | None) -> int:
-    """The micro-batches of a pp run (default: one per stage of the pipeline group, 1 without pp), its
-    options checked against the model (`source`: (--model, --config); None on --resume) in one line
-    naming the option; the pipeline options without --mesh pp=N are refused."""
-    ctx = click.get_current_context()
-    pp = parallel.pp if parallel is not None else 1
-    if pp == 1:
-        for name in ("pp_schedule", "mtp_stage", "microbatches"):
-            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
-                raise click.BadParameter("only with --mesh pp=N (N > 1)",
-                                         param_hint=f"'--{name.replace('_', '-')}'")
-        return 1
-    if stage == "rl":
-        raise click.BadParameter("rl with pp > 1: not in this build yet (use --mesh dp=N, tp=N or ep=N)",
-                                 param_hint="'--stage'")
-    microbatches = pp if microbatches is None else microbatches
-    if source is not None:
-        from glm5.checkpoint import read_config
-        from glm5.config import GLM5Config
-        from glm5.train.pipeline_run import check_pipeline_options
-
-        model_path, preset = source
-        with one_line_errors("'--model'" if model_path is not None else "'--config'"):
-            config = (GLM5Config.from_dict(read_config(Path(model_path))) if model_path is not None
-                      else GLM5Config.from_preset(preset))
-        problem = check_pipeline_options(config, pp, schedule, mtp_stage, microbatches, batch_size)
-        if problem is not None:
-            raise click.BadParameter(problem[1], param_hint=f"'{problem[0]}'")
-    return microbatches
-
-
-def _check_resumable_sharded(out: Path, resume: bool) -> None:
-    """A run on several processes resumes only a sharded checkpoint (a 1-process run's optimizer state is
-    not laid out for shards): refused here, before any process starts."""
-    from glm5.train.dist_state import is_sharded
-    from glm5.train.state import latest_checkpoint
-
-    ckpt = latest_checkpoint(out / "checkpoints") if resume else None
-    if ckpt is not None and not is_sharded(ckpt):
-        raise click.BadParameter(f"{ckpt} was written by a 1-process run; resume it without --nproc (or "
-                                 "--nproc 1)", param_hint="'--resume'")
-
-
-def _check_resume_options(cfg, out: Path) -> None:
-    """--resume continues under the run's saved options: an option given on this command line that differs
-    from the saved one is refused by name (only --steps may change), never silently ignored."""
-    import dataclasses
-
-    from click.core import ParameterSource
-
-    from glm5.train.state import latest_checkpoint, load_trainer_state
-
-    ckpt = latest_checkpoint(out / "checkpoints")
-    if ckpt is None:
-        return  # the Trainer says there is nothing to resume
-    saved = load_trainer_state(ckpt)["config"]
-    ctx = click.get_current_context()
-    fields = {f.name for f in dataclasses.fields(cfg)}
-    for param in ctx.command.params:
-        name = {"model_path": "init"}.get(param.name, param.name)
-        if name == "steps" or name not in fields or name not in saved:
-            continue
-        if ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
-            continue
-        if getattr(cfg, name) != saved[name]:
-            raise click.BadParameter(
-                f"the run in {out} was started with {saved[name]!r}; --resume continues under its saved "
-                "options (only --steps may change)", param_hint=f"'{param.opts[0]}'")
-
-
 @click.command()
-@click.option("--config", "preset", default="tiny", show_default=True, callback=check_preset,
-              help="Preset from glm5/presets/.")
+@click.option(
+    "--config",
+    "preset",
+    default="tiny",
+    show_default=True,
+    callback=check_preset,
+    help="Preset from glm5/presets/.",
+)
 @click.option("--steps", default=200, show_default=True, type=_POS)
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
-              help="Run directory (a new one, or an existing run with --resume).")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Run directory (a new one, or an existing run with --resume).",
+)
 @click.option("--deterministic", is_flag=True, help="Deterministic algorithms: reruns match bitwise.")
 @click.option(
     "--resume", is_flag=True, help="Continue from OUT/checkpoints/latest (bit-exact if deterministic)."
 )
 @click.option("--backend", default=None, help="Backend name (default: $GLM5_BACKEND or cpu).")
 @click.option("--optimizer", type=click.Choice(MODES), default="muon-split", show_default=True)
-@click.option("--stage", type=click.Choice(["warmup", "sparse", "rl"]), default="sparse", show_default=True,
-              help="warmup: indexers only, dense KL; sparse: LM + MTP + sparse KL; rl: IcePop on rollouts.")
-@model_option(help="Start from this checkpoint's weights (e.g. RUN/checkpoints/latest) instead of --config.",
-              aliases=("--init",), quantized=False)
-@click.option("--batch-size", default=8, show_default=True, type=_POS,
-              help="Windows per step (stage rl: prompts per step).")
+@click.option(
+    "--stage",
+    type=click.Choice(["warmup", "sparse", "rl"]),
+    default="sparse",
+    show_default=True,
+    help="warmup: indexers only, dense KL; sparse: LM + MTP + sparse KL; rl: IcePop on rollouts.",
+)
+@model_option(
+    help="Start from this checkpoint's weights (e.g. RUN/checkpoints/latest) instead of --config.",
+    aliases=("--init",),
+    quantized=False,
+)
+@click.option(
+    "--batch-size",
+    default=8,
+    show_default=True,
+    type=_POS,
+    help="Windows per step (stage rl: prompts per step).",
+)
 @click.option("--seq-len", default=128, show_default=True, type=click.IntRange(min=2))
 @click.option("--lr", default=3e-3, show_default=True, type=_POS_FLOAT)
-@click.option("--warmup-steps", default=20, show_default=True, type=click.IntRange(min=0),
-              help="Linear LR warm-up steps.")
 @click.option(
-    "--mtp-steps", default=1, show_default=True, type=click.IntRange(min=0),
+    "--warmup-steps",
+    default=20,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Linear LR warm-up steps.",
+)
+@click.option(
+    "--mtp-steps",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=0),
     help="MTP prediction steps (shared layer).",
 )
 @click.option("--eval-every", default=25, show_default=True, type=_POS)
 @click.option("--save-every", default=100, show_default=True, type=_POS)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
-    "--threads", default=None, type=click.IntRange(min=0),
+    "--threads",
+    default=None,
+    type=click.IntRange(min=0),
     help="torch intra-op threads (0: every core)  [default: $OMP_NUM_THREADS if set, else 1]",
 )
-@click.option("--group-size", default=8, show_default=True, type=click.IntRange(min=2),
-              help="Stage rl: responses per prompt (GRPO group).")
+@click.option(
+    "--group-size",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Stage rl: responses per prompt (GRPO group).",
+)
 @click.option("--prompt-len", default=16, show_default=True, type=_POS, help="Stage rl: prompt bytes.")
-@click.option("--response-len", default=16, show_default=True, type=_POS,
-              help="Stage rl: sampled tokens per response.")
-@click.option("--ppo-epochs", default=2, show_default=True, type=_POS,
-              help="Stage rl: passes over each step's rollouts.")
-@click.option("--minibatches", default=1, show_default=True, type=_POS,
-              help="Stage rl: optimizer steps per pass (must divide batch-size * group-size).")
-@click.option("--temperature", default=1.0, show_default=True, type=_POS_FLOAT,
-              help="Stage rl: sampling temperature (the log-probs are taken at it too).")
+@click.option(
+    "--response-len", default=16, show_default=True, type=_POS, help="Stage rl: sampled tokens per response."
+)
+@click.option(
+    "--ppo-epochs",
+    default=2,
+    show_default=True,
+    type=_POS,
+    help="Stage rl: passes over each step's rollouts.",
+)
+@click.option(
+    "--minibatches",
+    default=1,
+    show_default=True,
+    type=_POS,
+    help="Stage rl: optimizer steps per pass (must divide batch-size * group-size).",
+)
+@click.option(
+    "--temperature",
+    default=1.0,
+    show_default=True,
+    type=_POS_FLOAT,
+    help="Stage rl: sampling temperature (the log-probs are taken at it too).",
+)
 @click.option("--rollout-check/--no-rollout-check", default=True, show_default=True)
 @click.option(
-    "--rollout-precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
+    "--rollout-precision",
+    type=click.Choice(["bf16", "fp8"]),
+    default="bf16",
+    show_default=True,
     help="Sample in bf16 or with the FP8 policy (FP8 linears, indexer and cache): the rl stage's rollouts "
     "and the rollout check.",
 )
-@click.option("--nproc", default=1, show_default=True, type=_POS,
-              help="Processes (ranks) on this machine; above 1 the command re-runs itself under torchrun.")
-@click.option("--mesh", default=None,
-              help="Parallel layout, e.g. dp=2 or dp=2,tp=1,ep=1,pp=1 (axes multiply to --nproc)  "
-              "[default: dp=NPROC]")
-@click.option("--zero", type=click.Choice(["2", "3"]), default="3", show_default=True,
-              help="FSDP2 stage: 3 frees each layer's parameters after forward, 2 keeps them for backward.")
-@click.option("--pp-schedule", type=click.Choice(["gpipe", "1f1b", "interleaved-1f1b"]), default="1f1b",
-              show_default=True, help="With --mesh pp=N: the pipeline schedule (interleaved: 2 stages each).")
-@click.option("--mtp-stage", type=click.Choice(["last", "own"]), default="last", show_default=True,
-              help="With --mesh pp=N: the MTP layer with the last decoder layers, or a stage of its own.")
-@click.option("--microbatches", default=None, type=_POS,
-              help="With --mesh pp=N: micro-batches per step (divides --batch-size)  [default: pp]")
-@click.option("--activations", type=click.Choice(["none", "recompute", "offload"]), default="none",
-              show_default=True, help="Per decoder layer: keep activations, recompute them in the backward, "
-              "or offload them to host memory.")
+@click.option(
+    "--nproc",
+    default=1,
+    show_default=True,
+    type=_POS,
+    help="Processes (ranks) on this machine; above 1 the command re-runs itself under torchrun.",
+)
+@click.option(
+    "--mesh",
+    default=None,
+    help="Parallel layout, e.g. dp=2 or dp=2,tp=1,ep=1,pp=1 (axes multiply to --nproc)  [default: dp=NPROC]",
+)
+@click.option(
+    "--zero",
+    type=click.Choice(["2", "3"]),
+    default="3",
+    show_default=True,
+    help="FSDP2 stage: 3 frees each layer's parameters after forward, 2 keeps them for backward.",
+)
+@click.option(
+    "--pp-schedule",
+    type=click.Choice(["gpipe", "1f1b", "interleaved-1f1b"]),
+    default="1f1b",
+    show_default=True,
+    help="With --mesh pp=N: the pipeline schedule (interleaved: 2 stages each).",
+)
+@click.option(
+    "--mtp-stage",
+    type=click.Choice(["last", "own"]),
+    default="last",
+    show_default=True,
+    help="With --mesh pp=N: the MTP layer with the last decoder layers, or a stage of its own.",
+)
+@click.option(
+    "--microbatches",
+    default=None,
+    type=_POS,
+    help="With --mesh pp=N: micro-batches per step (divides --batch-size)  [default: pp]",
+)
+@click.option(
+    "--activations",
+    type=click.Choice(["none", "recompute", "offload"]),
+    default="none",
+    show_default=True,
+    help="Per decoder layer: keep activations, recompute them in the backward, "
+    "or offload them to host memory.",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(
     preset,
@@ -284,9 +246,16 @@ def train(
     from glm5.train.loop import Diverged, NothingToResume, RunExists, StepsDone, TrainConfig, Trainer
     from glm5.train.plots import plot_metrics
 
-    parallel = _parallel(nproc, mesh, stage, batch_size)
-    microbatches = _pipeline_options(parallel, stage, batch_size, microbatches, pp_schedule, mtp_stage,
-                                     None if resume else (model_path, preset))
+    parallel = parallel_options(nproc, mesh, stage, batch_size)
+    microbatches = pipeline_options(
+        parallel,
+        stage,
+        batch_size,
+        microbatches,
+        pp_schedule,
+        mtp_stage,
+        None if resume else (model_path, preset),
+    )
     backend = backend or os.environ.get("GLM5_BACKEND") or MODEL_DEFAULT_BACKEND
     backend_choice(backend)
     check_preset_fits(None if model_path is not None or resume else preset, "'--config'")
@@ -321,21 +290,28 @@ def train(
             activations=activations,
         )
     if not resume:  # a resumed run keeps its saved options (checked against them below)
-        _check_sequence_fits(model_path, preset, seq_len if stage != "rl" else prompt_len + response_len,
-                             "'--seq-len'" if stage != "rl" else "'--prompt-len' + '--response-len'")
-    out = _run_dir(out, resume)
+        check_sequence_fits(
+            model_path,
+            preset,
+            seq_len if stage != "rl" else prompt_len + response_len,
+            "'--seq-len'" if stage != "rl" else "'--prompt-len' + '--response-len'",
+        )
+    out = run_dir(out, resume)
     ranked = distributed.under_torchrun()
     # one writer: this process, or (a rank) the launcher that started it, or (plain torchrun) rank 0
-    lock = (contextlib.nullcontext() if ranked and (distributed.lock_held_by_launcher() or distributed.rank())
-            else one_writer(out, out / ".lock"))
+    lock = (
+        contextlib.nullcontext()
+        if ranked and (distributed.lock_held_by_launcher() or distributed.rank())
+        else one_writer(out, out / ".lock")
+    )
     with lock:  # inside the run directory: its parent may not be ours
         # a checkpoint a killed save set aside is put back before the resume check reads it (the Trainer
         # does it too, for library callers)
         fsio.recover(out / "checkpoints")
         if resume:
-            _check_resume_options(cfg, out)
+            check_resume_options(cfg, out)
         if parallel is not None and not ranked:
-            _check_resumable_sharded(out, resume)
+            check_resumable_sharded(out, resume)
             sys.stdout.flush()
             code = distributed.launch(sys.argv[1:], nproc)
             if code:
@@ -373,13 +349,22 @@ def train(
             from glm5.train.rollout import rollout_check as check
 
             prompts = trainer.heldout[0][:2, :32].to(trainer.device)
-            stats = check(trainer.model, prompts, 16, seed=seed, invariant=trainer.cfg.deterministic,
-                          rollout_precision=trainer.cfg.rollout_precision)
+            stats = check(
+                trainer.model,
+                prompts,
+                16,
+                seed=seed,
+                invariant=trainer.cfg.deterministic,
+                rollout_precision=trainer.cfg.rollout_precision,
+            )
             stats.pop("sampled")
             summary["rollout"] = stats
             fsio.write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     click.echo(json.dumps(summary, indent=2))
     latest = out / "checkpoints" / "latest"
-    use = (f"glm5 checkpoint export-hf {latest} HF_DIR, then glm5 generate --model HF_DIR" if parallel
-           else f"e.g. glm5 generate --model {latest}")
+    use = (
+        f"glm5 checkpoint export-hf {latest} HF_DIR, then glm5 generate --model HF_DIR"
+        if parallel
+        else f"e.g. glm5 generate --model {latest}"
+    )
     click.echo(f"checkpoint: {latest}  ({use})", err=True)

@@ -91,8 +91,14 @@ def _global(t: torch.Tensor, info, mesh: DeviceMesh | None) -> torch.Tensor:
         t, placements = t.to_local(), [Shard(info.dim), Shard(0)]
     else:
         placements = [Shard(info.dim)]
-    return DTensor.from_local(t, mesh, placements, run_check=False, shape=torch.Size(info.full_shape),
-                              stride=torch.empty(info.full_shape, device="meta").stride())
+    return DTensor.from_local(
+        t,
+        mesh,
+        placements,
+        run_check=False,
+        shape=torch.Size(info.full_shape),
+        stride=torch.empty(info.full_shape, device="meta").stride(),
+    )
 
 
 def _model_state(model: torch.nn.Module, mesh: DeviceMesh | None) -> dict[str, torch.Tensor]:
@@ -115,7 +121,12 @@ def _split_optimizer(osd: dict) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def save_sharded(
-    ckpt_root: Path, step: int, model: torch.nn.Module, optimizers: list, trainer: dict, keep: int = 2,
+    ckpt_root: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizers: list,
+    trainer: dict,
+    keep: int = 2,
     mesh: DeviceMesh | None = None,
 ) -> Path:
     """Every rank calls it: checkpoint `step-{step:06d}` written into a staging directory (rank 0 makes
@@ -141,8 +152,10 @@ def save_sharded(
             world = dist.get_world_size() if dist.is_initialized() else 1
             fsio.write_text(d / "config.json", json.dumps(model.config.to_dict(), indent=2) + "\n")
             fsio.write_text(d / TRAINER / "optimizer.json", json.dumps(meta, indent=1) + "\n")
-            fsio.write_text(d / TRAINER / "trainer_state.json",
-                            json.dumps(dict(trainer, step=step, world=world), indent=2) + "\n")
+            fsio.write_text(
+                d / TRAINER / "trainer_state.json",
+                json.dumps(dict(trainer, step=step, world=world), indent=2) + "\n",
+            )
         _barrier()  # every shard is written before rank 0 publishes
         if rank == 0:
             fsio.publish_dir(d, final, STAGING)
@@ -171,10 +184,15 @@ def load_trainer(
     """Optimizer states (resharded to this run's layout) and this rank's RNG state."""
     path = Path(path)
     meta = read_json(path / TRAINER, "optimizer.json")
-    if not (isinstance(meta, dict) and isinstance(meta.get("state"), dict)
-            and isinstance(meta.get("param_groups"), list)):
-        raise ValueError(f"path: {path / TRAINER / 'optimizer.json'} is not an optimizer state (expected an "
-                         "object with 'state' and 'param_groups')")
+    if not (
+        isinstance(meta, dict)
+        and isinstance(meta.get("state"), dict)
+        and isinstance(meta.get("param_groups"), list)
+    ):
+        raise ValueError(
+            f"path: {path / TRAINER / 'optimizer.json'} is not an optimizer state (expected an "
+            "object with 'state' and 'param_groups')"
+        )
     params = dict(model.named_parameters())
     elsewhere = getattr(pipeline_part(model), "elsewhere", frozenset())  # other pipeline ranks' parameters
     md = HuggingFaceStorageReader(str(path / TRAINER / OPTIM)).read_metadata().state_dict_metadata
@@ -194,14 +212,22 @@ def load_trainer(
             template[key] = torch.zeros(info.size, dtype=info.properties.dtype)
     _load(template, path / TRAINER / OPTIM)
     state = {
-        fqn: {k: _local_slice(template[v["__tensor__"]], fqn, plan, params)
-              if isinstance(v, dict) and "__tensor__" in v else v
-              for k, v in st.items()}
-        for fqn, st in meta["state"].items() if fqn not in elsewhere
+        fqn: {
+            k: _local_slice(template[v["__tensor__"]], fqn, plan, params)
+            if isinstance(v, dict) and "__tensor__" in v
+            else v
+            for k, v in st.items()
+        }
+        for fqn, st in meta["state"].items()
+        if fqn not in elsewhere
     }
     # not strict: a parameter that never had a gradient (an indexer in a run without the KL) has no state
-    set_optimizer_state_dict(model, optimizers, {"state": state, "param_groups": meta["param_groups"]},
-                             options=StateDictOptions(strict=False))
+    set_optimizer_state_dict(
+        model,
+        optimizers,
+        {"state": state, "param_groups": meta["param_groups"]},
+        options=StateDictOptions(strict=False),
+    )
     rng = path / TRAINER / f"rng-rank{_rank()}.safetensors"
     if not rng.exists():  # loaded on more ranks than saved: the extra ranks continue rank 0's stream
         rng = path / TRAINER / "rng-rank0.safetensors"
@@ -217,8 +243,9 @@ def _local_slice(t: torch.Tensor, fqn: str, plan: dict, params: dict) -> torch.T
     p = params[fqn]
     if not isinstance(p, DTensor):
         return t.to_local()
-    return DTensor.from_local(t.to_local(), p.device_mesh, p.placements, run_check=False, shape=p.shape,
-                              stride=p.stride())
+    return DTensor.from_local(
+        t.to_local(), p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+    )
 
 
 def empty_model(path: Path, backend: str | None = None) -> torch.nn.Module:

@@ -58,8 +58,15 @@ def launch(argv: list[str], nproc: int) -> int:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # torchrun --standalone: a rendezvous on a free local port
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+    )
     os.environ[LOCK_HOLDER_ENV] = str(os.getpid())
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -141,11 +148,14 @@ class Dist:
         if batch_size % mesh.dp:
             raise ValueError(f"batch_size: the global batch ({batch_size}) must divide by dp ({mesh.dp})")
         if plain_checkpoint is not None:
-            raise ValueError(f"resume: {plain_checkpoint} was written by a 1-process run; resume it without "
-                             "--nproc")
+            raise ValueError(
+                f"resume: {plain_checkpoint} was written by a 1-process run; resume it without --nproc"
+            )
         d = cls.setup(mesh, zero, model.backend.device)
-        d.shard(model, frozen_base=not any(p.requires_grad for n, p in model.named_parameters()
-                                           if ".indexer." not in n))
+        d.shard(
+            model,
+            frozen_base=not any(p.requires_grad for n, p in model.named_parameters() if ".indexer." not in n),
+        )
         return d
 
     def global_record(self, rec: dict) -> dict:
@@ -229,8 +239,11 @@ class Dist:
         # the ShardInfo too (the indexer KL's teacher finds the tp group of q_b_proj by it)
         for prefix, module in model.named_modules():
             if isinstance(module, FSDPModule):
-                infos = {n: plan[f"{prefix}.{n}" if prefix else n] for n, _ in module.named_parameters()
-                         if (f"{prefix}.{n}" if prefix else n) in plan}
+                infos = {
+                    n: plan[f"{prefix}.{n}" if prefix else n]
+                    for n, _ in module.named_parameters()
+                    if (f"{prefix}.{n}" if prefix else n) in plan
+                }
                 module.register_forward_pre_hook(_attach(infos))
 
     @staticmethod
@@ -270,8 +283,11 @@ class Dist:
             return self.device_mesh
         if self._plan_mesh is None:  # every rank builds it once, in the same order (it makes groups)
             axis = self.mesh.model_axis
-            self._plan_mesh = DeviceMesh(self.device_mesh.device_type, self.device_mesh.mesh.t().contiguous(),
-                                         mesh_dim_names=(axis, "dp"))
+            self._plan_mesh = DeviceMesh(
+                self.device_mesh.device_type,
+                self.device_mesh.mesh.t().contiguous(),
+                mesh_dim_names=(axis, "dp"),
+            )
         return self._plan_mesh
 
     _plan_mesh: DeviceMesh | None = None
@@ -301,8 +317,10 @@ class Dist:
 
         two_d = self.mesh.dp > 1
         groups: dict[str, TorchGroup | None] = {
-            "world": TorchGroup(None) if two_d else None, "model": TorchGroup(self.model_group),
-            "dp": TorchGroup(self.dp_group) if two_d else None}
+            "world": TorchGroup(None) if two_d else None,
+            "model": TorchGroup(self.model_group),
+            "dp": TorchGroup(self.dp_group) if two_d else None,
+        }
         sums: dict[str, torch.Tensor] = {}
         grads = []
         for p in params:
@@ -379,8 +397,9 @@ class DistBalancer(ExpertBalancer):
     float64 token counts: exact in any order), so every rank and a 1-process run over the same batch
     agree."""
 
-    def __init__(self, model: torch.nn.Module, gamma: float = 1e-3,
-                 group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, gamma: float = 1e-3, group: dist.ProcessGroup | None = None
+    ) -> None:
         super().__init__(model, gamma)
         self.group = group
 
@@ -409,4 +428,3 @@ def state_bytes(model: torch.nn.Module, optimizers: list) -> int:
         for st in o.state.values():
             n += sum(local(v).numel() * v.element_size() for v in st.values() if isinstance(v, torch.Tensor))
     return n
-

@@ -81,8 +81,11 @@ class Trainer:
         if resume and ckpt is None:
             raise NothingToResume(
                 f"no checkpoint to resume under {self.ckpt_root}"
-                + (" (the run stopped before its first save: run it again without --resume to start it "
-                   "over)" if (self.out / "metrics.jsonl").exists() else "")
+                + (
+                    " (the run stopped before its first save: run it again without --resume to start it over)"
+                    if (self.out / "metrics.jsonl").exists()
+                    else ""
+                )
             )
         if ckpt is not None:
             saved = load_trainer_state(ckpt)
@@ -239,11 +242,19 @@ class Trainer:
                     if writer:
                         os.fsync(mf.fileno())  # the records a checkpoint covers are on disk before it is
                     if self.dist is not None:
-                        dist_state.save_sharded(self.ckpt_root, done, self.model, self.optimizers,
-                                                self._trainer_state(), cfg.keep, self.dist.plan_mesh)
+                        dist_state.save_sharded(
+                            self.ckpt_root,
+                            done,
+                            self.model,
+                            self.optimizers,
+                            self._trainer_state(),
+                            cfg.keep,
+                            self.dist.plan_mesh,
+                        )
                     else:
-                        save_checkpoint(self.ckpt_root, done, self.model, self.optimizers,
-                                        self._trainer_state(), cfg.keep)
+                        save_checkpoint(
+                            self.ckpt_root, done, self.model, self.optimizers, self._trainer_state(), cfg.keep
+                        )
                 bar(done, rec)
         summary = {
             "steps": cfg.steps,
@@ -275,9 +286,11 @@ class Trainer:
         if self.dist is not None and self.dist.max(float(len(bad))) and not bad:
             bad = ["(a shard on another rank)"]
         if bad:
-            raise Diverged(f"training diverged at step {done}: {len(bad)} parameter tensor(s) hold NaN or "
-                           f"infinite values (e.g. {bad[0]}); no checkpoint written for it (try a lower "
-                           "--lr)")
+            raise Diverged(
+                f"training diverged at step {done}: {len(bad)} parameter tensor(s) hold NaN or "
+                f"infinite values (e.g. {bad[0]}); no checkpoint written for it (try a lower "
+                "--lr)"
+            )
 
 
 def _check_rl_on_mesh(cfg: TrainConfig, mesh: Mesh) -> None:
@@ -287,9 +300,11 @@ def _check_rl_on_mesh(cfg: TrainConfig, mesh: Mesh) -> None:
         return
     rows = cfg.batch_size // mesh.dp * cfg.group_size
     if cfg.batch_size % mesh.dp or rows % cfg.minibatches:
-        raise ValueError(f"minibatches: expected a divisor of each dp rank's rollouts (batch_size / dp * "
-                         f"group_size = {cfg.batch_size} / {mesh.dp} * {cfg.group_size}), got "
-                         f"{cfg.minibatches}")
+        raise ValueError(
+            f"minibatches: expected a divisor of each dp rank's rollouts (batch_size / dp * "
+            f"group_size = {cfg.batch_size} / {mesh.dp} * {cfg.group_size}), got "
+            f"{cfg.minibatches}"
+        )
     if cfg.rollout_precision != "bf16":
         raise ValueError("rollout_precision: fp8 on several processes is not in this build yet (use bf16)")
 
@@ -299,8 +314,10 @@ def _check_finite(rec: dict, done: int) -> None:
     for key in ("loss", "grad_norm", "eval_loss"):
         value = rec.get(key)
         if value is not None and not math.isfinite(value):
-            raise Diverged(f"training diverged at step {done}: {key} is {value}; no checkpoint written for "
-                           "it (try a lower --lr)")
+            raise Diverged(
+                f"training diverged at step {done}: {key} is {value}; no checkpoint written for "
+                "it (try a lower --lr)"
+            )
 
 
 def existing_run(out: Path) -> str:
@@ -310,8 +327,10 @@ def existing_run(out: Path) -> str:
     n = len(checkpoints(out / "checkpoints"))
     if not n:
         return ""
-    return ", ".join([f"{n} checkpoint(s) in checkpoints/"]
-                     + [f for f in ("metrics.jsonl", "summary.json") if (out / f).exists()])
+    return ", ".join(
+        [f"{n} checkpoint(s) in checkpoints/"]
+        + [f for f in ("metrics.jsonl", "summary.json") if (out / f).exists()]
+    )
 
 
 def foreign_entries(out: Path) -> list[str]:
@@ -332,8 +351,9 @@ def _records(path: Path) -> list[dict]:
             out.append(json.loads(ln))
         except json.JSONDecodeError:
             if i != len(lines) - 1:
-                raise ValueError(f"{path}: line {i + 1} is not JSON (only a torn last line is dropped)") \
-                    from None
+                raise ValueError(
+                    f"{path}: line {i + 1} is not JSON (only a torn last line is dropped)"
+                ) from None
     return out
 
 

@@ -65,5 +65,7 @@ def check_mesh(mesh: Mesh, nproc: int) -> None:
             raise ValueError(f"{axis}={getattr(mesh, axis)}: not in this build yet (dp, tp, ep or pp)")
     used = tuple(a for a in AXES if getattr(mesh, a) > 1)
     if len(used) > 1 and used not in TWO_D:
-        raise ValueError(f"{' x '.join(used)}: expected one axis above 1 or a 2-D mesh "
-                         f"{' or '.join(' x '.join(m) for m in TWO_D)}")
+        raise ValueError(
+            f"{' x '.join(used)}: expected one axis above 1 or a 2-D mesh "
+            f"{' or '.join(' x '.join(m) for m in TWO_D)}"
+        )

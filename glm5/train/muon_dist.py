@@ -147,8 +147,11 @@ def _grid(dp_ranks: list[int], model_ranks: list[int]) -> dict[int, tuple[int, i
     if len(me) != 1:
         raise ValueError(f"groups: a dp group {dp_ranks} and a model group {model_ranks} do not cross once")
     (me_rank,) = me
-    return {dp_ranks[d] + model_ranks[t] - me_rank: (d, t)
-            for d in range(len(dp_ranks)) for t in range(len(model_ranks))}
+    return {
+        dp_ranks[d] + model_ranks[t] - me_rank: (d, t)
+        for d in range(len(dp_ranks))
+        for t in range(len(model_ranks))
+    }
 
 
 def _layout_2d(p: DTensor, mesh, i: int) -> Layout | None:

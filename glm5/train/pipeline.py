@@ -89,7 +89,7 @@ class StageModule(nn.Module):
         loads = [load.clone() for load in balancer.load] if balancer is not None else None
         out = self._forward(*received, ids=ids)
         if marks is not None:
-            del probe.max_logits[marks[0]:], probe.kl_terms[marks[1]:]
+            del probe.max_logits[marks[0] :], probe.kl_terms[marks[1] :]
         if loads is not None:
             for load, saved in zip(balancer.load, loads, strict=True):
                 load.copy_(saved)
@@ -272,6 +272,7 @@ class Pipeline:
         self.model.eval()
         out = self._eval.step(ids=ids)
         return float(out[0]) if self.has_output else None
+
 
 @dataclass
 class _Loss:

@@ -63,8 +63,9 @@ def check_pipeline_options(
         return "--microbatches", f"1f1b needs at least one micro-batch per stage ({pp}), got {microbatches}"
     rounds = max(1, microbatches // pp)
     if schedule == "interleaved-1f1b" and microbatches % rounds:
-        return "--microbatches", (f"interleaved-1f1b needs a multiple of pp ({pp}) or fewer than 2 * pp, "
-                                  f"got {microbatches}")
+        return "--microbatches", (
+            f"interleaved-1f1b needs a multiple of pp ({pp}) or fewer than 2 * pp, got {microbatches}"
+        )
     try:
         plan_stages(config, pp * stages_per_rank_of(schedule), mtp_stage)
     except ValueError as exc:
@@ -115,12 +116,14 @@ class PipelineDist(Dist):
     ) -> PipelineDist:
         """Join the process group and drop the other ranks' stages from `model` (`cfg`: the TrainConfig)."""
         if plain_checkpoint is not None:
-            raise ValueError(f"resume: {plain_checkpoint} was written by a 1-process run; resume it without "
-                             "--nproc")
+            raise ValueError(
+                f"resume: {plain_checkpoint} was written by a 1-process run; resume it without --nproc"
+            )
         if cfg.stage == "rl":
             raise ValueError("stage: rl with pp > 1 is not in this build yet (use --mesh dp=N, tp=N or ep=N)")
-        problem = check_pipeline_options(model.config, mesh.pp, cfg.pp_schedule, cfg.mtp_stage,
-                                         cfg.microbatches, cfg.batch_size)
+        problem = check_pipeline_options(
+            model.config, mesh.pp, cfg.pp_schedule, cfg.mtp_stage, cfg.microbatches, cfg.batch_size
+        )
         if problem is not None:
             raise ValueError(f"{problem[0].lstrip('-').replace('-', '_')}: {problem[1]}")
         d = cls.setup(mesh, 3, model.backend.device)
@@ -162,9 +165,17 @@ class PipelineDist(Dist):
         if self.pipe is None:
             cfg = self.cfg
             self.pipe = build_pipeline(
-                trainer.model, self.group, cfg.pp_schedule, cfg.microbatches, cfg.mtp_stage,
-                mtp_steps=cfg.mtp_steps, mtp_weight=cfg.mtp_weight, kl_weight=cfg.kl_weight,
-                probe=trainer.probe, loss_stage=cfg.stage, balancer=trainer.balancer,
+                trainer.model,
+                self.group,
+                cfg.pp_schedule,
+                cfg.microbatches,
+                cfg.mtp_stage,
+                mtp_steps=cfg.mtp_steps,
+                mtp_weight=cfg.mtp_weight,
+                kl_weight=cfg.kl_weight,
+                probe=trainer.probe,
+                loss_stage=cfg.stage,
+                balancer=trainer.balancer,
             )
         return self.pipe
 
@@ -186,8 +197,10 @@ class PipelineDist(Dist):
         """Parameter bytes and parameter + optimizer-state bytes of every rank (rank order)."""
         from glm5.train.distributed import state_bytes
 
-        mine = (sum(local(p).numel() * p.element_size() for p in model.parameters()),
-                state_bytes(model, optimizers))
+        mine = (
+            sum(local(p).numel() * p.element_size() for p in model.parameters()),
+            state_bytes(model, optimizers),
+        )
         every: list = [None] * self.world
         dist.all_gather_object(every, mine)
         return {"param_bytes": [b[0] for b in every], "state_bytes": [b[1] for b in every]}
@@ -262,5 +275,7 @@ def merged_optimizer_meta(model: torch.nn.Module, meta: dict) -> dict:
             merged["params"] = merged["params"] + list(g["params"])
     for g in groups.values():
         g["params"] = sorted(g["params"], key=position.__getitem__)
-    return {"state": dict(sorted(state.items(), key=lambda kv: position[kv[0]])),
-            "param_groups": list(groups.values())}
+    return {
+        "state": dict(sorted(state.items(), key=lambda kv: position[kv[0]])),
+        "param_groups": list(groups.values()),
+    }

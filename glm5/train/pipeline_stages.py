@@ -87,7 +87,6 @@ def plan_stages(
     return specs
 
 
-
 def stages_per_rank_of(schedule: str, stages_per_rank: int | None = None) -> int:
     """How many stages each rank runs under `schedule` (one, or for interleaved-1f1b `stages_per_rank`,
     default 2)."""

@@ -159,8 +159,11 @@ def check_rl_options(cfg: TrainConfig) -> None:
             ("prompt_len", cfg.prompt_len >= 1, ">= 1"),
             ("response_len", cfg.response_len >= 1, ">= 1"),
             ("ppo_epochs", cfg.ppo_epochs >= 1, ">= 1"),
-            ("minibatches", cfg.minibatches >= 1 and (cfg.batch_size * cfg.group_size) % cfg.minibatches == 0,
-             "a divisor of batch_size * group_size"),
+            (
+                "minibatches",
+                cfg.minibatches >= 1 and (cfg.batch_size * cfg.group_size) % cfg.minibatches == 0,
+                "a divisor of batch_size * group_size",
+            ),
             ("temperature", cfg.temperature > 0, "> 0"),
             ("rollout_precision", cfg.rollout_precision in PRECISIONS, f"one of {PRECISIONS}"),
         )

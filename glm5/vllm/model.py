@@ -104,15 +104,9 @@ class Glm5BackendsForCausalLM(nn.Module):
         latent, index_k = [], []
         for i in range(c.num_hidden_layers):
             pre = f"{prefix}model.layers.{i}.self_attn"
-            latent.append(
-                Glm5CacheLayer(f"{pre}.latent_cache", *fmt.latent, cc, False)
-            )
+            latent.append(Glm5CacheLayer(f"{pre}.latent_cache", *fmt.latent, cc, False))
             full = c.indexer_types[i] == "full"
-            index_k.append(
-                Glm5CacheLayer(f"{pre}.indexer.k_cache", *fmt.index, cc, True)
-                if full
-                else None
-            )
+            index_k.append(Glm5CacheLayer(f"{pre}.indexer.k_cache", *fmt.index, cc, True) if full else None)
         self.latent_caches = nn.ModuleList(latent)
         self.index_caches = nn.ModuleList([m for m in index_k if m is not None])
         self.caches = FP8PagedCaches(latent, index_k, self.backend, fmt.index_head_dim)

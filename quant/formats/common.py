@@ -65,12 +65,19 @@ def float_entries(model: nn.Module, scope: Scope = None) -> Iterator[tuple[str, 
 
 def float_tensors(model: nn.Module, scope: Scope = None) -> dict[str, torch.Tensor]:
     sd = model.state_dict()
-    return {hf: (sd[n][e] if e is not None else sd[n]).detach().cpu().contiguous().clone()
-            for hf, n, e in float_entries(model, scope)}
+    return {
+        hf: (sd[n][e] if e is not None else sd[n]).detach().cpu().contiguous().clone()
+        for hf, n, e in float_entries(model, scope)
+    }
 
 
-def write_checkpoint(path: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
-                     extra_files: dict[str, Any] | None = None, max_shard_size: int = 5 << 30) -> None:
+def write_checkpoint(
+    path: Path,
+    config: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    extra_files: dict[str, Any] | None = None,
+    max_shard_size: int = 5 << 30,
+) -> None:
     """config.json + safetensors (+ extra JSON files), atomically (glm5.checkpoint.ShardWriter)."""
     write_shards(path, config, tensors, max_shard_size, extra_files)
 
@@ -99,9 +106,12 @@ class TensorReader(TensorFiles):
 
 
 @torch.no_grad()
-def fill_model(model: nn.Module, reader: TensorReader,
-               decode: Callable[[str, Scheme, TensorReader], tuple[torch.Tensor, torch.Tensor, Any]],
-               ignore: Callable[[str], bool] = lambda n: False) -> None:
+def fill_model(
+    model: nn.Module,
+    reader: TensorReader,
+    decode: Callable[[str, Scheme, TensorReader], tuple[torch.Tensor, torch.Tensor, Any]],
+    ignore: Callable[[str], bool] = lambda n: False,
+) -> None:
     """Fill a model whose quantized modules are already swapped in: float tensors by name, quantized ones
     through `decode(module name, scheme, reader) -> (q int8 [N, K], scale [N, G], bias or None)`.
     Every tensor of the checkpoint must be used (except names `ignore` accepts)."""
@@ -126,8 +136,9 @@ def fill_model(model: nn.Module, reader: TensorReader,
             checks.append(("bias", bias, (mod.out_features,)))
         for what, t, shape in checks:
             if tuple(t.shape) != shape:
-                raise ValueError(f"checkpoint: {name} expected {what} shape {list(shape)}, "
-                                 f"got {list(t.shape)}")
+                raise ValueError(
+                    f"checkpoint: {name} expected {what} shape {list(shape)}, got {list(t.shape)}"
+                )
         if e is None:
             mod.set_int(q, scale, bias)
         else:

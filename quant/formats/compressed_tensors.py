@@ -25,9 +25,18 @@ from quant.formats.common import Scope, TensorReader, float_tensors, quantized_m
 from quant.recipe import W4A8, W8A8, Scheme
 
 FORMAT = "compressed-tensors"
-_ACT = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True,
-        "group_size": None, "block_structure": None, "actorder": None, "observer": None,
-        "observer_kwargs": {}}
+_ACT = {
+    "num_bits": 8,
+    "type": "int",
+    "symmetric": True,
+    "strategy": "token",
+    "dynamic": True,
+    "group_size": None,
+    "block_structure": None,
+    "actorder": None,
+    "observer": None,
+    "observer_kwargs": {},
+}
 
 
 def pack_int4_int32(q: torch.Tensor) -> torch.Tensor:
@@ -35,7 +44,7 @@ def pack_int4_int32(q: torch.Tensor) -> torch.Tensor:
     n, k = q.shape
     pad = (-k) % 8
     q = torch.cat([q.to(torch.int8), torch.full((n, pad), -8, dtype=torch.int8)], dim=1)  # raw 0 after +8
-    b = (pack_int4(q) ^ 0x88).to(torch.int64).reshape(n, -1, 4)     # bytes of (q + 8) nibbles, 2 per byte
+    b = (pack_int4(q) ^ 0x88).to(torch.int64).reshape(n, -1, 4)  # bytes of (q + 8) nibbles, 2 per byte
     v = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
     return torch.where(v >= 1 << 31, v - (1 << 32), v).to(torch.int32)
 
@@ -48,9 +57,18 @@ def unpack_int4_int32(packed: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _weights_args(s: Scheme) -> dict[str, Any]:
-    return {"num_bits": s.bits, "type": "int", "symmetric": True, "dynamic": False,
-            "strategy": "group" if s.group_size else "channel", "group_size": s.group_size or None,
-            "block_structure": None, "actorder": None, "observer": "minmax", "observer_kwargs": {}}
+    return {
+        "num_bits": s.bits,
+        "type": "int",
+        "symmetric": True,
+        "dynamic": False,
+        "strategy": "group" if s.group_size else "channel",
+        "group_size": s.group_size or None,
+        "block_structure": None,
+        "actorder": None,
+        "observer": "minmax",
+        "observer_kwargs": {},
+    }
 
 
 def _template(name: str) -> str:
@@ -65,17 +83,28 @@ def _quantization_config(model: nn.Module, schemes: dict[str, Scheme]) -> dict[s
     ignore = ["lm_head"]
     for n, *_ in quantizable(model):
         if n not in schemes and n != "lm_head" and _template(n) in targets:
-            ignore.append(n)        # e.g. the MTP layer's attention: same template, kept float
+            ignore.append(n)  # e.g. the MTP layer's attention: same template, kept float
     config_groups = {}
     for i, (s, ts) in enumerate(sorted(groups.items(), key=lambda kv: (kv[0].bits, kv[0].group_size))):
-        config_groups[f"group_{i}"] = {"targets": sorted(ts), "weights": _weights_args(s),
-                                       "input_activations": dict(_ACT), "output_activations": None,
-                                       "format": "pack-quantized" if s.name == W4A8 else "int-quantized"}
+        config_groups[f"group_{i}"] = {
+            "targets": sorted(ts),
+            "weights": _weights_args(s),
+            "input_activations": dict(_ACT),
+            "output_activations": None,
+            "format": "pack-quantized" if s.name == W4A8 else "int-quantized",
+        }
     formats = {g["format"] for g in config_groups.values()}
     fmt = formats.pop() if len(formats) == 1 else "mixed-precision"
-    return {"quant_method": "compressed-tensors", "format": fmt,
-            "quantization_status": "compressed", "config_groups": config_groups, "ignore": ignore,
-            "kv_cache_scheme": None, "sparsity_config": {}, "global_compression_ratio": None}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "quantization_status": "compressed",
+        "config_groups": config_groups,
+        "ignore": ignore,
+        "kv_cache_scheme": None,
+        "sparsity_config": {},
+        "global_compression_ratio": None,
+    }
 
 
 def tensors(model: nn.Module, scope: Scope = None) -> dict[str, torch.Tensor]:
@@ -110,18 +139,27 @@ def export(model: nn.Module, path: Path) -> None:
 
 def _scheme_of_group(g: dict[str, Any], key: str) -> Scheme:
     w, a = g.get("weights") or {}, g.get("input_activations") or {}
-    if not (a.get("num_bits") == 8 and a.get("type", "int") == "int" and a.get("strategy") == "token"
-            and a.get("dynamic") and a.get("symmetric", True)):
-        raise ValueError(f"quantization_config.config_groups.{key}.input_activations: expected dynamic "
-                         f"symmetric per-token int8, got {a}")
+    if not (
+        a.get("num_bits") == 8
+        and a.get("type", "int") == "int"
+        and a.get("strategy") == "token"
+        and a.get("dynamic")
+        and a.get("symmetric", True)
+    ):
+        raise ValueError(
+            f"quantization_config.config_groups.{key}.input_activations: expected dynamic "
+            f"symmetric per-token int8, got {a}"
+        )
     if not w.get("symmetric", True) or w.get("type", "int") != "int":
         raise ValueError(f"quantization_config.config_groups.{key}.weights: expected symmetric int, got {w}")
     if w.get("num_bits") == 8 and w.get("strategy") == "channel":
         return Scheme(W8A8)
     if w.get("num_bits") == 4 and w.get("strategy") in ("channel", "group"):
         return Scheme(W4A8, int(w.get("group_size") or 0) if w.get("strategy") == "group" else 0)
-    raise ValueError(f"quantization_config.config_groups.{key}.weights: expected int8 per-channel or int4 "
-                     f"per-channel / per-group, got {w}")
+    raise ValueError(
+        f"quantization_config.config_groups.{key}.weights: expected int8 per-channel or int4 "
+        f"per-channel / per-group, got {w}"
+    )
 
 
 def _matches(name: str, target: str) -> bool:
@@ -131,10 +169,13 @@ def _matches(name: str, target: str) -> bool:
 def read_plan(path: Path, model: nn.Module) -> dict[str, Scheme]:
     qc = read_config(Path(path)).get("quantization_config") or {}
     if qc.get("quant_method") != "compressed-tensors":
-        raise ValueError("quantization_config.quant_method: expected 'compressed-tensors', "
-                         f"got {qc.get('quant_method')!r}")
-    groups = [(key, _scheme_of_group(g, key), g.get("targets") or [])
-              for key, g in qc.get("config_groups", {}).items()]
+        raise ValueError(
+            f"quantization_config.quant_method: expected 'compressed-tensors', got {qc.get('quant_method')!r}"
+        )
+    groups = [
+        (key, _scheme_of_group(g, key), g.get("targets") or [])
+        for key, g in qc.get("config_groups", {}).items()
+    ]
     ignore = qc.get("ignore") or []
     plan: dict[str, Scheme] = {}
     for name, *_ in quantizable(model):
@@ -160,7 +201,8 @@ def decode(name: str, scheme: Scheme, reader: TensorReader) -> tuple[torch.Tenso
             raise ValueError(f"checkpoint: {name}.weight expected int8, got {q.dtype}")
     scale = reader.get(f"{name}.weight_scale", FLOAT_DTYPES).float()
     if scale.dim() != 2 or scale.shape[0] != q.shape[0]:
-        raise ValueError(f"checkpoint: {name}.weight_scale expected shape [{q.shape[0]}, groups], "
-                         f"got {list(scale.shape)}")
+        raise ValueError(
+            f"checkpoint: {name}.weight_scale expected shape [{q.shape[0]}, groups], got {list(scale.shape)}"
+        )
     bias = reader.get(f"{name}.bias", FLOAT_DTYPES) if f"{name}.bias" in reader else None
     return q, scale, bias

@@ -272,8 +272,9 @@ def load_fp8(
     return model.eval()
 
 
-def _fill(model: nn.Module, reader: DequantizingReader, swapped: dict[str, nn.Module],
-          copies: dict[str, str]) -> None:
+def _fill(
+    model: nn.Module, reader: DequantizingReader, swapped: dict[str, nn.Module], copies: dict[str, str]
+) -> None:
     """Fill the model whose FP8 targets are `swapped` in; names, shapes and leftovers were checked by
     `reader.fit`, dtypes and finiteness are checked as each tensor is read."""
     from glm5.checkpoint import _hf_names, check_shared_copy

@@ -27,14 +27,15 @@ from quant.recipe import FLOAT, W4A8, W8A8, Scheme
 
 FORMAT = "modelslim"
 DESCRIPTION = "quant_model_description.json"
-_SLICED = ("down_proj", "o_proj", "w2")     # row-parallel projections: scale_bias per K/16 slice
+_SLICED = ("down_proj", "o_proj", "w2")  # row-parallel projections: scale_bias per K/16 slice
 
 
 def pack_int4_rows(q: torch.Tensor) -> torch.Tensor:
     """int [N, K] in [-8, 7], N even -> int8 [N/2, K]: even row in the low nibble, odd row in the high."""
     if q.shape[0] % 2:
-        raise ValueError(f"q: expected an even number of output rows to pack along N, "
-                         f"got shape {list(q.shape)}")
+        raise ValueError(
+            f"q: expected an even number of output rows to pack along N, got shape {list(q.shape)}"
+        )
     return pack_int4(q.T.contiguous()).T.contiguous().view(torch.int8)
 
 
@@ -48,7 +49,7 @@ def scale_bias(q: torch.Tensor, scale: torch.Tensor, sliced: bool) -> torch.Tens
     n, k = q.shape
     if sliced and k % 16:
         raise ValueError(f"q: scale_bias per K/16 slice needs K divisible by 16, got K={k}")
-    parts = q.to(torch.int64).reshape(n, 16 if sliced else 1, -1).sum(-1)            # exact integer sums
+    parts = q.to(torch.int64).reshape(n, 16 if sliced else 1, -1).sum(-1)  # exact integer sums
     return (8.0 * parts.float() * scale.reshape(n, 1).float()).contiguous()
 
 
@@ -58,8 +59,10 @@ def tensors(model: nn.Module, scope: Scope = None) -> dict[str, torch.Tensor]:
     for name, scheme, get, *_ in quantized_modules(model, scope):
         q, scale, bias = get()
         if scheme.group_size:
-            raise ValueError(f"format: modelslim (vllm-ascend v1) W4A8 is per channel only; {name} has "
-                             f"group_size {scheme.group_size} (use --format compressed-tensors)")
+            raise ValueError(
+                f"format: modelslim (vllm-ascend v1) W4A8 is per channel only; {name} has "
+                f"group_size {scheme.group_size} (use --format compressed-tensors)"
+            )
         n = q.shape[0]
         out[f"{name}.weight_scale"] = scale.float().reshape(n, 1).clone()
         out[f"{name}.weight_offset"] = torch.zeros(n, 1)
@@ -78,16 +81,22 @@ def metadata(model: nn.Module, plan: dict[str, Scheme], names: set[str]) -> tupl
     quantized by `plan`: a tensor is its module's scheme, FLOAT when the module is not in the plan."""
     for name, scheme in plan.items():
         if scheme.group_size:
-            raise ValueError(f"format: modelslim (vllm-ascend v1) W4A8 is per channel only; {name} has "
-                             f"group_size {scheme.group_size} (use --format compressed-tensors)")
+            raise ValueError(
+                f"format: modelslim (vllm-ascend v1) W4A8 is per channel only; {name} has "
+                f"group_size {scheme.group_size} (use --format compressed-tensors)"
+            )
     desc = {}
     for t in sorted(names):
         s = plan.get(t.rsplit(".", 1)[0])
         desc[t] = s.name if s is not None else FLOAT
     kinds = {s.name for s in plan.values()}
     cfg = config_json(model)
-    head = {"model_quant_type": W4A8 if W4A8 in kinds else (W8A8 if kinds else FLOAT), "version": "1.0.0",
-            "group_size": 0, "optional": {}}
+    head = {
+        "model_quant_type": W4A8 if W4A8 in kinds else (W8A8 if kinds else FLOAT),
+        "version": "1.0.0",
+        "group_size": 0,
+        "optional": {},
+    }
     return cfg, {DESCRIPTION: {**head, **desc}}
 
 
@@ -116,8 +125,10 @@ def read_plan(path: Path, model: nn.Module) -> dict[str, Scheme]:
                 raise ValueError(f"{DESCRIPTION}: {t} is {kind}, but only linear weights are quantized")
             plan[t.removesuffix(".weight")] = Scheme(kind)
         elif kind != FLOAT:
-            raise ValueError(f"{DESCRIPTION}: {t} expected W8A8_DYNAMIC, W4A8_DYNAMIC or FLOAT, got {kind!r} "
-                             "(static W8A8 is not supported)")
+            raise ValueError(
+                f"{DESCRIPTION}: {t} expected W8A8_DYNAMIC, W4A8_DYNAMIC or FLOAT, got {kind!r} "
+                "(static W8A8 is not supported)"
+            )
     return plan
 
 
@@ -128,8 +139,9 @@ def decode(name: str, scheme: Scheme, reader: TensorReader) -> tuple[torch.Tenso
     q = unpack_int4_rows(w) if scheme.name == W4A8 else w
     scale = reader.get(f"{name}.weight_scale", FLOAT_DTYPES).float()
     if scale.numel() != q.shape[0] or scale.dim() > 2:
-        raise ValueError(f"checkpoint: {name}.weight_scale expected shape [{q.shape[0]}, 1], "
-                         f"got {list(scale.shape)}")
+        raise ValueError(
+            f"checkpoint: {name}.weight_scale expected shape [{q.shape[0]}, 1], got {list(scale.shape)}"
+        )
     scale = scale.reshape(q.shape[0], 1)
     off = reader.get(f"{name}.weight_offset")
     if bool(off.ne(0).any()):
@@ -139,8 +151,10 @@ def decode(name: str, scheme: Scheme, reader: TensorReader) -> tuple[torch.Tenso
         want = scale_bias(q, scale, sb.shape[-1] == 16)
         # a wrong nibble order or packing axis changes these sums: refuse rather than load garbage
         if sb.shape != want.shape or not torch.allclose(sb.float(), want, rtol=1e-5, atol=1e-6):
-            raise ValueError(f"checkpoint: {name}.scale_bias does not match 8 * sum_k W * weight_scale "
-                             "of the unpacked weight (packing order or axis differs from msModelSlim "
-                             "ascendv1)")
+            raise ValueError(
+                f"checkpoint: {name}.scale_bias does not match 8 * sum_k W * weight_scale "
+                "of the unpacked weight (packing order or axis differs from msModelSlim "
+                "ascendv1)"
+            )
     bias = reader.get(f"{name}.bias", FLOAT_DTYPES) if f"{name}.bias" in reader else None
     return q, scale, bias

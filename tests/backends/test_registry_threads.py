@@ -78,8 +78,10 @@ print(len({id(b) for b in got}), len(got))
 """
 
 
-@pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("onnx", "onnxruntime")),
-                    reason="needs the onnx extra: runs in the onnxruntime tox env")
+@pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("onnx", "onnxruntime")),
+    reason="needs the onnx extra: runs in the onnxruntime tox env",
+)
 def test_onnxruntime_first_use_from_eight_threads_in_a_fresh_process_is_one_instance():
     # the race needs a first use that also imports the backend: only a fresh interpreter has one
     repo = Path(__file__).resolve().parents[2]

@@ -135,7 +135,6 @@ def test_indexer_topk_far_past_the_cache_is_refused(be):
         be.indexer_topk(**args, topk=2**62)
 
 
-
 def test_fp8_indexer_topk_far_past_the_cache_is_refused(be):
     from backends.reference.fp8_indexer_logits import quantize_indexer_inputs
 
@@ -145,6 +144,7 @@ def test_fp8_indexer_topk_far_past_the_cache_is_refused(be):
     q, k, ks, w = quantize_indexer_inputs(torch.randn(3, 2, 128), torch.randn(5, 128), torch.randn(3, 2))
     with pytest.raises(ValueError, match=r"^topk: expected an int in \[1, max\(5, 65536\)\]"):
         be.fp8_indexer_topk(q, k, ks, w, lay, 2**62)
+
 
 # -- meta tensors ----------------------------------------------------------------------------------------
 

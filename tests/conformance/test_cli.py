@@ -68,8 +68,15 @@ def test_report_lists_every_known_backend_with_status_suite_date_and_versions(tm
     paths = {k: tmp_path / f"r.{k}" for k in ("json", "junit", "markdown")}
     out = CliRunner().invoke(
         conformance,
-        ["--ops", "topk", "--suite", "smoke", "--case", "smoke/random*",
-         *[a for k, p in paths.items() for a in (f"--{k}", p)]],
+        [
+            "--ops",
+            "topk",
+            "--suite",
+            "smoke",
+            "--case",
+            "smoke/random*",
+            *[a for k, p in paths.items() for a in (f"--{k}", p)],
+        ],
     )
     assert out.exit_code == 0, out.output
     rep = json.loads(paths["json"].read_text())["report"]

@@ -157,7 +157,20 @@ def test_diff_bad_input_goes_to_stderr_and_its_json_is_replaced_atomically(tmp_p
     real = fsio.write_text_atomic
     monkeypatch.setattr(fsio, "write_text_atomic", lambda p, t: (written.append(p), real(p, t)))
     out = tmp_path / "d.json"
-    res = CliRunner().invoke(main, ["conformance", "--diff", "--backend", "cpu,reference", "--ops", "topk",
-                                    "--suite", "smoke", "--json", str(out)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "conformance",
+            "--diff",
+            "--backend",
+            "cpu,reference",
+            "--ops",
+            "topk",
+            "--suite",
+            "smoke",
+            "--json",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert [str(p) for p in written] == [str(out)] and json.loads(out.read_text())["backends"]

@@ -138,8 +138,12 @@ def test_limit_cases_at_the_bound_pass_and_past_it_are_declined():
 
     class Overclaims(Bounded):  # declares k <= 40 but cannot do 40
         name = "overclaims"
-        ops = {"topk": OpImpl(lambda x, k, lengths=None: ref_topk.__wrapped__(x, min(k, 39), lengths),
-                              Bounded.ops["topk"].caps)}
+        ops = {
+            "topk": OpImpl(
+                lambda x, k, lengths=None: ref_topk.__wrapped__(x, min(k, 39), lengths),
+                Bounded.ops["topk"].caps,
+            )
+        }
 
     res = {r.case: r.status for r in Runner(Overclaims()).run(sel)}
     assert res["limits/k_at_40"] == "FAIL"
@@ -155,8 +159,12 @@ def test_a_backend_that_computes_nothing_is_not_ok():
 
     class Stub(backends.Backend):
         name = "stub"
-        ops = {"topk": OpImpl(lambda x, k, lengths=None: None,
-                              OpCaps(FLOATS, tie_rule="lower_index", check=lambda a: ["not ported yet"]))}
+        ops = {
+            "topk": OpImpl(
+                lambda x, k, lengths=None: None,
+                OpCaps(FLOATS, tie_rule="lower_index", check=lambda a: ["not ported yet"]),
+            )
+        }
 
     runner = Runner(Stub())
     results = runner.run(cases.select(["topk"], "full", dtypes=["float32"]))

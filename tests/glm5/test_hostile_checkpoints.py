@@ -91,8 +91,10 @@ def _scale(name, shape):
         (_scale("gate_proj", (1, 1)), "gate_proj.weight_scale_inv (expected [3, 1], got [1, 1])"),
         (_scale("down_proj", (1, 1)), "down_proj.weight_scale_inv (expected [1, 3], got [1, 1])"),
         (_scale("gate_proj", (4, 1)), "gate_proj.weight_scale_inv (expected [3, 1], got [4, 1])"),
-        (lambda t: t.__setitem__(f"{DENSE}.gate_proj.weight", t[f"{DENSE}.gate_proj.weight"][:1]),
-         "gate_proj.weight (expected [384, 64], got [1, 64])"),
+        (
+            lambda t: t.__setitem__(f"{DENSE}.gate_proj.weight", t[f"{DENSE}.gate_proj.weight"][:1]),
+            "gate_proj.weight (expected [384, 64], got [1, 64])",
+        ),
     ],
     ids=["scale-1x1", "scale-1xkb", "scale-too-large", "weight-1xK"],
 )
@@ -155,9 +157,11 @@ BROKEN = {
     "bad-json": lambda d: struct.pack("<Q", 5) + b"{abc}" + d[13:],
     "overflowing-offsets": lambda d: _with_header(d, _overflow),
 }
-ALL_LOADERS = {**{f"float/{k}": ("float", f) for k, f in FLOAT_LOADERS.items()},
-               "fp8/fp8-modules": ("fp8", FP8_LOADERS["fp8-modules"]),
-               "quant": ("quant", lambda p: load_quantized(p, backend="reference"))}
+ALL_LOADERS = {
+    **{f"float/{k}": ("float", f) for k, f in FLOAT_LOADERS.items()},
+    "fp8/fp8-modules": ("fp8", FP8_LOADERS["fp8-modules"]),
+    "quant": ("quant", lambda p: load_quantized(p, backend="reference")),
+}
 
 
 @pytest.mark.parametrize("loader", sorted(ALL_LOADERS))
@@ -189,8 +193,10 @@ def test_cli_on_a_truncated_checkpoint_is_one_line_exit_2(sources, tmp_path, com
     path = _copy(sources, "float", tmp_path)
     f = path / SINGLE
     f.write_bytes(f.read_bytes()[:1000])
-    args = {"generate": ["generate", "--model", str(path), "--max-new-tokens", "1"],
-            "quantize": ["quantize", "--model", str(path), "--format", "fp8", "--out", str(tmp_path / "o")]}
+    args = {
+        "generate": ["generate", "--model", str(path), "--max-new-tokens", "1"],
+        "quantize": ["quantize", "--model", str(path), "--format", "fp8", "--out", str(tmp_path / "o")],
+    }
     res = CliRunner().invoke(main, args[command])
     assert res.exit_code == 2, (res.output, repr(res.exception))
     errors = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
@@ -229,8 +235,10 @@ def test_a_config_field_of_the_wrong_type_or_range_is_one_line(sources, tmp_path
     assert str(path / "config.json") in msg and f"{field}: expected" in msg
 
 
-@pytest.mark.parametrize("kind, fname", [("float", "config.json"), ("quant", "config.json"),
-                                         ("modelslim", "quant_model_description.json")])
+@pytest.mark.parametrize(
+    "kind, fname",
+    [("float", "config.json"), ("quant", "config.json"), ("modelslim", "quant_model_description.json")],
+)
 def test_a_json_file_symlinked_outside_the_checkpoint_is_refused(sources, tmp_path, kind, fname):
     path = _copy(sources, kind, tmp_path)
     outside = tmp_path / "elsewhere.json"
@@ -249,6 +257,7 @@ def _poison(name, value):
     def change(t):
         t[name] = t[name].clone()
         t[name].view(-1)[0] = value
+
     return change
 
 

@@ -109,8 +109,11 @@ _NO_EXCHANGE_WRITER = textwrap.dedent(
 
 
 def _write(parent, value, kill_before=0):
-    return subprocess.run([sys.executable, "-c", _NO_EXCHANGE_WRITER, str(parent), value, str(kill_before)],
-                          cwd=_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode
+    return subprocess.run(
+        [sys.executable, "-c", _NO_EXCHANGE_WRITER, str(parent), value, str(kill_before)],
+        cwd=_ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    ).returncode
 
 
 def _complete_copies(parent):
@@ -162,8 +165,9 @@ def test_a_reader_of_a_copy_set_aside_names_it_and_changes_nothing(tmp_path):
 
 
 def _dead_pid() -> int:
-    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     return int(p.stdout)
 
 
@@ -202,8 +206,11 @@ def _fp8(src, out, *extra):
 
 
 def test_quantize_fp8_refuses_a_recipe_or_calibration_it_would_ignore(float_ckpt, tmp_path):
-    for extra, name in ((["--recipe", "glm5-w8a8"], "--recipe"), (["--group-size", "32"], "--group-size"),
-                        (["--calib-seqs", "4"], "--calib-seqs")):
+    for extra, name in (
+        (["--recipe", "glm5-w8a8"], "--recipe"),
+        (["--group-size", "32"], "--group-size"),
+        (["--calib-seqs", "4"], "--calib-seqs"),
+    ):
         _one_error(_fp8(float_ckpt, tmp_path / "q", *extra), 2, f"'{name}'", "fp8")
     assert not (tmp_path / "q").exists()
 
@@ -261,8 +268,12 @@ def test_loss_plot_is_replaced_in_one_step(tmp_path, monkeypatch):
 
 def test_quantize_bad_out_paths_are_one_line(float_ckpt, tmp_path):
     (tmp_path / "loop").symlink_to("loop")
-    for out, word in (("", "--out"), (tmp_path / "loop", "not a directory"),
-                      (tmp_path / ("x" * 300), "File name too long"), (tmp_path / "a" / "..", "--out")):
+    for out, word in (
+        ("", "--out"),
+        (tmp_path / "loop", "not a directory"),
+        (tmp_path / ("x" * 300), "File name too long"),
+        (tmp_path / "a" / "..", "--out"),
+    ):
         _one_error(_fp8(float_ckpt, out), 2, "'--out'", word)
 
 
@@ -277,8 +288,9 @@ def test_quantize_full_disk_is_one_line_and_leaves_out_as_it_was(float_ckpt, tmp
 
     def full(tensors, path, *args, **kwargs):
         if "part-00002" in str(path):
-            raise SafetensorError("Error while serializing: I/O error: No space left on device "
-                                  f'(os error 28) at path "{path}"')
+            raise SafetensorError(
+                f'Error while serializing: I/O error: No space left on device (os error 28) at path "{path}"'
+            )
         return real(tensors, path, *args, **kwargs)
 
     monkeypatch.setattr(safetensors.torch, "save_file", full)

@@ -28,7 +28,7 @@ def test_smoothing_preserves_the_float_layer():
     x_ids = ids(2, 24, seed=3)
     step = model.begin_step([24, 24], None)
     x = model.model.embed_tokens(x_ids.reshape(-1)).detach()
-    for i in (0, 1):                                                    # dense layer, MoE layer
+    for i in (0, 1):  # dense layer, MoE layer
         layer = model.model.layers[i]
         before, topk = _layer_out(model, layer, x, step)
         norm_w = layer.input_layernorm.weight.detach().clone()
@@ -36,7 +36,7 @@ def test_smoothing_preserves_the_float_layer():
         _layer_out(model, layer, x, step)
         st.close()
         _smooth_layer(layer, f"model.layers.{i}", plan, recipe, st)
-        assert not torch.equal(norm_w, layer.input_layernorm.weight)   # smoothing did something
+        assert not torch.equal(norm_w, layer.input_layernorm.weight)  # smoothing did something
         after, topk2 = _layer_out(model, layer, x, step)
         assert torch.equal(topk, topk2)
         torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-5)
@@ -46,7 +46,7 @@ def test_smoothing_preserves_the_float_layer():
 def test_awq_search_beats_identity_on_outlier_channels():
     g = torch.Generator().manual_seed(4)
     a = torch.randn(256, 64, generator=g)
-    a[:, :4] *= 40                                                      # a few outlier input channels
+    a[:, :4] *= 40  # a few outlier input channels
     w = torch.randn(32, 64, generator=g)
     recipe = Recipe.load("glm5-w4a8")
     s = awq_search(a, w, Scheme(W4A8), recipe, 20)
@@ -60,7 +60,7 @@ def test_awq_search_beats_identity_on_outlier_channels():
 
 def test_calibrated_model_is_fully_quantized_and_close():
     calib = ids(2, 24, seed=6)
-    for name, gs in (("glm5-w4a8", None), ("glm5-w4a8-g128", 16)):     # AWQ + SSZ; AWQ + GPTQ per group
+    for name, gs in (("glm5-w4a8", None), ("glm5-w4a8-g128", 16)):  # AWQ + SSZ; AWQ + GPTQ per group
         model = tiny_model(seed=3)
         ref = model(ids(1, 24, seed=7)).logits.detach()
         plan = quantize_model(model, Recipe.load(name, group_size=gs), calib)

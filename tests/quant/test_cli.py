@@ -14,26 +14,77 @@ def test_quantize_command_writes_loadable_checkpoints(tmp_path):
     tiny_model(seed=4, dtype=torch.bfloat16).save_pretrained(tmp_path / "src")
     runner = CliRunner()
     for fmt in ("modelslim", "compressed-tensors"):
-        res = runner.invoke(main, ["quantize", str(tmp_path / "src"), "--recipe", "glm5-w4a8", "--format",
-                                   fmt, "--out", str(tmp_path / fmt), "--calib-seqs", "2",
-                                   "--calib-len", "24"])
+        res = runner.invoke(
+            main,
+            [
+                "quantize",
+                str(tmp_path / "src"),
+                "--recipe",
+                "glm5-w4a8",
+                "--format",
+                fmt,
+                "--out",
+                str(tmp_path / fmt),
+                "--calib-seqs",
+                "2",
+                "--calib-len",
+                "24",
+            ],
+        )
         assert res.exit_code == 0, res.output
         assert "W4A8_DYNAMIC" in res.output
         model = load_quantized(tmp_path / fmt)
         assert model.dtype == torch.bfloat16
         with torch.no_grad():
             assert torch.isfinite(model(ids()).logits.float()).all()
-    res = runner.invoke(main, ["quantize", str(tmp_path / "src"), "--recipe", "glm5-w4a8-g128", "--format",
-                               "modelslim", "--out", str(tmp_path / "bad")])
+    res = runner.invoke(
+        main,
+        [
+            "quantize",
+            str(tmp_path / "src"),
+            "--recipe",
+            "glm5-w4a8-g128",
+            "--format",
+            "modelslim",
+            "--out",
+            str(tmp_path / "bad"),
+        ],
+    )
     assert res.exit_code != 0 and "per-channel int4 only" in res.output
-    res = runner.invoke(main, ["quantize", str(tmp_path / "src"), "--recipe", "nope", "--format",
-                               "modelslim", "--out", str(tmp_path / "bad")])
+    res = runner.invoke(
+        main,
+        [
+            "quantize",
+            str(tmp_path / "src"),
+            "--recipe",
+            "nope",
+            "--format",
+            "modelslim",
+            "--out",
+            str(tmp_path / "bad"),
+        ],
+    )
     assert res.exit_code != 0 and "recipe" in res.output
 
 
 def _q(runner, src, out, *extra):
-    return runner.invoke(main, ["quantize", "--model", str(src), "--recipe", "glm5-w4a8", "--format",
-                                "compressed-tensors", "--out", str(out), "--calib-seqs", "0", *extra])
+    return runner.invoke(
+        main,
+        [
+            "quantize",
+            "--model",
+            str(src),
+            "--recipe",
+            "glm5-w4a8",
+            "--format",
+            "compressed-tensors",
+            "--out",
+            str(out),
+            "--calib-seqs",
+            "0",
+            *extra,
+        ],
+    )
 
 
 def _one_line_usage_error(res, *words):
@@ -72,8 +123,21 @@ def test_quantize_killed_while_writing_keeps_source_and_previous_out(tmp_path):
     tiny_model(seed=2).save_pretrained(tmp_path / "src")
     runner = CliRunner()
     assert _q(runner, tmp_path / "src", tmp_path / "q").exit_code == 0
-    cmd = [sys.executable, "-m", "glm5.cli", "quantize", "--model", str(tmp_path / "src"), "--format",
-           "compressed-tensors", "--out", str(tmp_path / "q"), "--calib-seqs", "0", "--overwrite"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "glm5.cli",
+        "quantize",
+        "--model",
+        str(tmp_path / "src"),
+        "--format",
+        "compressed-tensors",
+        "--out",
+        str(tmp_path / "q"),
+        "--calib-seqs",
+        "0",
+        "--overwrite",
+    ]
     child = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1"))
     for line in child.stderr:  # one plain progress line per step when stderr is not a terminal
         if b"writing" in line:
@@ -91,10 +155,27 @@ def test_quantize_killed_while_writing_keeps_source_and_previous_out(tmp_path):
 
 def test_quantize_reports_progress(tmp_path):
     tiny_model(seed=3).save_pretrained(tmp_path / "src")
-    res = CliRunner().invoke(main, ["quantize", "--model", str(tmp_path / "src"), "--format",
-                                    "compressed-tensors", "--out", str(tmp_path / "q"), "--calib-seqs", "2",
-                                    "--calib-len", "24"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "quantize",
+            "--model",
+            str(tmp_path / "src"),
+            "--format",
+            "compressed-tensors",
+            "--out",
+            str(tmp_path / "q"),
+            "--calib-seqs",
+            "2",
+            "--calib-len",
+            "24",
+        ],
+    )
     assert res.exit_code == 0, res.output
-    for step in ("quantize: loading", "quantize: calibrating layers 3/5 (layer 2)",
-                 "quantize: calibrating layers 5/5 (layer 4, MTP, data-free)", "quantize: writing"):
+    for step in (
+        "quantize: loading",
+        "quantize: calibrating layers 3/5 (layer 2)",
+        "quantize: calibrating layers 5/5 (layer 4, MTP, data-free)",
+        "quantize: writing",
+    ):
         assert step in res.stderr, res.stderr

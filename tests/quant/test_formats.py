@@ -42,9 +42,11 @@ def test_compressed_tensors_layout(w4a8_model, tmp_path):
     fmts = {g["format"]: g for g in qc["config_groups"].values()}
     assert fmts["pack-quantized"]["weights"]["num_bits"] == 4
     assert fmts["int-quantized"]["weights"]["num_bits"] == 8
-    assert all(g["input_activations"]["strategy"] == "token" and g["input_activations"]["dynamic"]
-               for g in fmts.values())
-    assert "model.layers.4.self_attn.q_a_proj" in qc["ignore"]           # MTP attention: same regex, float
+    assert all(
+        g["input_activations"]["strategy"] == "token" and g["input_activations"]["dynamic"]
+        for g in fmts.values()
+    )
+    assert "model.layers.4.self_attn.q_a_proj" in qc["ignore"]  # MTP attention: same regex, float
     assert t[f"{E1}.down_proj.weight_packed"].dtype == torch.int32
     assert t[f"{E1}.down_proj.weight_packed"].shape == (64, 32 // 8)
     assert t[f"{E1}.down_proj.weight_shape"].tolist() == [64, 32]
@@ -86,7 +88,7 @@ def test_modelslim_refuses_wrong_nibble_order(w4a8_model, tmp_path):
         meta = h.metadata()
     t = load_file(f)
     w = t[f"{E1}.up_proj.weight"].view(torch.uint8)
-    t[f"{E1}.up_proj.weight"] = ((w >> 4) | (w << 4)).view(torch.int8)     # swap the two rows of each byte
+    t[f"{E1}.up_proj.weight"] = ((w >> 4) | (w << 4)).view(torch.int8)  # swap the two rows of each byte
     save_file(t, f, metadata=meta)
     with pytest.raises(ValueError, match="scale_bias"):
         load_quantized(tmp_path / "q")

@@ -18,7 +18,7 @@ def test_tiny_weight_bytes_by_hand():
     assert q.by_scheme["W4A8_DYNAMIC"] == experts
     dense = 3 * (128 * 64 + 128 * 4)  # layer 0 gate/up/down: [128, 64] x2 and [64, 128], int8 + fp32 scale
     assert q.by_scheme["W8A8_DYNAMIC"] > dense
-    assert q.mtp == fp.mtp                                              # the MTP layer stays bf16
+    assert q.mtp == fp.mtp  # the MTP layer stays bf16
     assert q.total < fp.total and c.num_hidden_layers == 4
 
 

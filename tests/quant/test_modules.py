@@ -72,7 +72,7 @@ def test_quant_experts_equal_per_token_loop(scheme):
     for r in range(t):
         for c in range(k):
             j = int(idx[r, c])
-            h = torch.nn.functional.silu(lin(x[r:r + 1], j, "gate_proj")) * lin(x[r:r + 1], j, "up_proj")
+            h = torch.nn.functional.silu(lin(x[r : r + 1], j, "gate_proj")) * lin(x[r : r + 1], j, "up_proj")
             want[r] += rw[r, c] * lin(h, j, "down_proj")[0]
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
@@ -114,9 +114,14 @@ def test_scales_stay_fp32_under_a_bf16_default_dtype():
     torch.set_default_dtype(torch.bfloat16)
     try:
         be = get("reference")
-        mods = [QuantLinear(64, 32, Scheme(W8A8), be, bias=True), QuantLinear(64, 32, Scheme(W4A8, 32), be),
-                QuantExperts(2, 64, 32, Scheme(W8A8)), QuantExperts(2, 64, 32, Scheme(W4A8)),
-                FP8Linear(64, 32, be, bias=True), FP8Experts(2, 64, 32)]
+        mods = [
+            QuantLinear(64, 32, Scheme(W8A8), be, bias=True),
+            QuantLinear(64, 32, Scheme(W4A8, 32), be),
+            QuantExperts(2, 64, 32, Scheme(W8A8)),
+            QuantExperts(2, 64, 32, Scheme(W4A8)),
+            FP8Linear(64, 32, be, bias=True),
+            FP8Experts(2, 64, 32),
+        ]
     finally:
         torch.set_default_dtype(before)
     for m in mods:

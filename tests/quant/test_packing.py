@@ -13,11 +13,11 @@ from quant.formats.modelslim import pack_int4_rows, scale_bias, unpack_int4_rows
 def _all_int4(n: int, k: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(-8, 8, (n, k), generator=g, dtype=torch.int8)
-    q.view(-1)[:16] = torch.arange(-8, 8, dtype=torch.int8)       # every value, -8 included
+    q.view(-1)[:16] = torch.arange(-8, 8, dtype=torch.int8)  # every value, -8 included
     return q
 
 
-@pytest.mark.parametrize("k", [8, 16, 40, 12, 6])                  # 12, 6: padded to a multiple of 8
+@pytest.mark.parametrize("k", [8, 16, 40, 12, 6])  # 12, 6: padded to a multiple of 8
 def test_compressed_tensors_int32_round_trip(k):
     q = _all_int4(6, k)
     packed = pack_int4_int32(q)
@@ -29,7 +29,7 @@ def test_compressed_tensors_int32_bit_layout():
     """Nibble i of each int32 (bits 4i..4i+3) holds q[8j + i] + 8 (compressed_tensors pack_to_int32)."""
     q = torch.tensor([[1, 2, 3, 4, 5, 6, 7, -8], [-1, 0, -8, 7, 0, 0, 0, 0]], dtype=torch.int8)
     want = [sum((int(v) + 8) << (4 * i) for i, v in enumerate(row)) for row in q]
-    want = [w - (1 << 32) if w >= 1 << 31 else w for w in want]     # the uint32 bits read as int32
+    want = [w - (1 << 32) if w >= 1 << 31 else w for w in want]  # the uint32 bits read as int32
     assert pack_int4_int32(q).flatten().tolist() == want
     # padding is raw 0 (reads back as -8) and is cut by the stored shape
     head = sum((int(v) + 8) << (4 * i) for i, v in enumerate(q[0, :5]))

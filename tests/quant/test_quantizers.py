@@ -13,15 +13,16 @@ def _w(n: int = 16, k: int = 64, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("bits,conv,div", [(8, "qmax", 127.0), (4, "qmax", 7.0), (8, "half_range", 127.5),
-                                           (4, "half_range", 7.5)])
+@pytest.mark.parametrize(
+    "bits,conv,div", [(8, "qmax", 127.0), (4, "qmax", 7.0), (8, "half_range", 127.5), (4, "half_range", 7.5)]
+)
 def test_minmax_divisors(bits, conv, div):
     w = _w()
     torch.testing.assert_close(minmax_scale(w, bits, None, conv)[:, 0], w.abs().amax(1) / div)
 
 
 def test_round_half_even_and_clamp():
-    w = torch.tensor([[7.0, 2.5, -2.5, 0.5, -7.0, 1.5, 0.0, 3.5]])        # absmax 7: scale 1 (qmax, int4)
+    w = torch.tensor([[7.0, 2.5, -2.5, 0.5, -7.0, 1.5, 0.0, 3.5]])  # absmax 7: scale 1 (qmax, int4)
     q, s = quantize_weight(w, 4)
     assert s.item() == 1.0
     assert q.tolist() == [[7, 2, -2, 0, -7, 2, 0, 4]]

@@ -24,29 +24,44 @@ def test_every_tiny_tensor_has_one_scheme_and_kept_list_holds(name):
     recipe = Recipe.load(name, group_size=16 if name.endswith("g128") else None)
     ts = tensor_schemes(model, plan_model(model, recipe))
     names = [t for t, _ in hf_tensor_names(model)]
-    assert len(ts) == len(names) == len(set(names))                   # one entry per stored tensor
-    assert set(model.state_dict()) <= {n.split(".mlp.experts.")[0] + ".mlp.experts." + n.split(".")[-2]
-                                       if ".mlp.experts." in n else n for n in names}
+    assert len(ts) == len(names) == len(set(names))  # one entry per stored tensor
+    assert set(model.state_dict()) <= {
+        n.split(".mlp.experts.")[0] + ".mlp.experts." + n.split(".")[-2] if ".mlp.experts." in n else n
+        for n in names
+    }
     mtp = f"model.layers.{model.config.num_hidden_layers}."
     for t, s in ts.items():
-        if t.endswith(KEPT) or t.startswith(mtp) or t in ("model.embed_tokens.weight", "lm_head.weight") \
-                or not t.endswith(".weight") or "norm" in t:
+        if (
+            t.endswith(KEPT)
+            or t.startswith(mtp)
+            or t in ("model.embed_tokens.weight", "lm_head.weight")
+            or not t.endswith(".weight")
+            or "norm" in t
+        ):
             assert s == FLOAT, t
         elif ".mlp.experts." in t:
             assert s == (W4A8 if "w4a8" in name else W8A8), t
         else:
-            assert s == W8A8, t                                         # attention, dense and shared MLPs
+            assert s == W8A8, t  # attention, dense and shared MLPs
     assert any(s == W8A8 for s in ts.values())
 
 
 def test_ambiguous_and_kept_violations_raise():
     model = tiny_model()
-    both = Recipe.from_dict({"name": "x", "rules": [
-        {"scheme": W8A8, "targets": ["*q_a_proj"]}, {"scheme": W8A8, "targets": ["*self_attn*"]}]})
+    both = Recipe.from_dict(
+        {
+            "name": "x",
+            "rules": [
+                {"scheme": W8A8, "targets": ["*q_a_proj"]},
+                {"scheme": W8A8, "targets": ["*self_attn*"]},
+            ],
+        }
+    )
     with pytest.raises(ValueError, match="matches rules"):
         plan_model(model, both)
-    kept = Recipe.from_dict({"name": "x", "keep_float": ["*kv_b_proj"],
-                             "rules": [{"scheme": W8A8, "targets": ["*self_attn*"]}]})
+    kept = Recipe.from_dict(
+        {"name": "x", "keep_float": ["*kv_b_proj"], "rules": [{"scheme": W8A8, "targets": ["*self_attn*"]}]}
+    )
     with pytest.raises(ValueError, match="keep_float"):
         plan_model(model, kept)
     split = Recipe.from_dict({"name": "x", "rules": [{"scheme": W4A8, "targets": ["*experts.0.*"]}]})
@@ -61,8 +76,9 @@ def test_ambiguous_and_kept_violations_raise():
 def test_glm5_744b_plan_matches_the_published_recipe():
     """The full preset on the meta device: layer 78 (MTP) float, 3 dense + 75 MoE layers quantized."""
     with torch.device("meta"):
-        model = GLM5ForCausalLM(GLM5Config.from_preset("glm5-744b"), backend="reference",
-                                dtype=torch.bfloat16)
+        model = GLM5ForCausalLM(
+            GLM5Config.from_preset("glm5-744b"), backend="reference", dtype=torch.bfloat16
+        )
     plan = plan_model(model, Recipe.load("glm5-w4a8"))
     experts = [n for n, s in plan.items() if s.name == W4A8]
     assert len(experts) == 75 * 256 * 3

@@ -55,10 +55,10 @@ def _whole(src, kind):
 @pytest.mark.parametrize(
     "kind, recipe, fmt, calib",
     [
-        ("bf16", "glm5-w4a8", "compressed-tensors", True),   # AWQ + SSZ int4, SmoothQuant int8
+        ("bf16", "glm5-w4a8", "compressed-tensors", True),  # AWQ + SSZ int4, SmoothQuant int8
         ("bf16", "glm5-w8a8", "modelslim", False),
-        ("fp8", "glm5-w8a8", "modelslim", True),             # the Ascend recipe from GLM-5-FP8
-        ("fp8", "glm5-w4a8", "modelslim", False),            # Ascend W4A8 (per-channel int4) from GLM-5-FP8
+        ("fp8", "glm5-w8a8", "modelslim", True),  # the Ascend recipe from GLM-5-FP8
+        ("fp8", "glm5-w4a8", "modelslim", False),  # Ascend W4A8 (per-channel int4) from GLM-5-FP8
         ("fp8", ("glm5-w4a8-g128", 16), "compressed-tensors", True),  # GPTQ Hessians per layer
         ("bf16", None, "fp8", False),
     ],
@@ -86,8 +86,14 @@ def test_one_layer_in_memory_and_one_shard_per_layer(sources, tmp_path, monkeypa
         live.append(sum(not layer.input_layernorm.weight.is_meta for layer in model.model.layers))
 
     monkeypatch.setattr(stream, "_materialize", counting)
-    stream.convert(sources / "fp8", tmp_path / "q", "modelslim", Recipe.load("glm5-w8a8"),
-                   token_batch("train", 2, 24, seed=0), backend="reference")
+    stream.convert(
+        sources / "fp8",
+        tmp_path / "q",
+        "modelslim",
+        Recipe.load("glm5-w8a8"),
+        token_batch("train", 2, 24, seed=0),
+        backend="reference",
+    )
     n_layers = 5  # tiny: 4 main layers and the MTP layer
     assert live == [0] + [1] * n_layers  # the head first, then each layer alone
     index = json.loads((tmp_path / "q" / "model.safetensors.index.json").read_text())
@@ -113,15 +119,22 @@ def _corrupt(src, dst, edit):
     [
         (lambda t: t.pop("model.layers.2.self_attn.o_proj.weight"), "1 missing tensor(s): model.layers.2"),
         (lambda t: t.update(extra=torch.zeros(1)), "1 unexpected tensor(s): extra"),
-        (lambda t: t.update({"model.norm.weight": torch.zeros(3)}),
-         "mis-shaped tensor(s): model.norm.weight"),
+        (
+            lambda t: t.update({"model.norm.weight": torch.zeros(3)}),
+            "mis-shaped tensor(s): model.norm.weight",
+        ),
     ],
 )
 def test_a_source_that_does_not_fit_fails_before_writing(sources, tmp_path, edit, words):
     _corrupt(sources / "bf16", tmp_path / "bad", edit)
     with pytest.raises(CheckpointError, match=words.replace("(", r"\(").replace(")", r"\)")):
-        stream.convert(tmp_path / "bad", tmp_path / "out", "compressed-tensors", Recipe.load("glm5-w8a8"),
-                       backend="reference")
+        stream.convert(
+            tmp_path / "bad",
+            tmp_path / "out",
+            "compressed-tensors",
+            Recipe.load("glm5-w8a8"),
+            backend="reference",
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no output, no staging left
 
 
@@ -131,8 +144,21 @@ def test_cli_names_the_source_in_one_line(sources, tmp_path):
     from glm5.cli import main
 
     _corrupt(sources / "bf16", tmp_path / "bad", lambda t: t.pop("model.layers.1.mlp.gate.weight"))
-    res = CliRunner().invoke(main, ["quantize", "--model", str(tmp_path / "bad"), "--format", "modelslim",
-                                    "--recipe", "glm5-w8a8", "--out", str(tmp_path / "q"), "--quiet"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "quantize",
+            "--model",
+            str(tmp_path / "bad"),
+            "--format",
+            "modelslim",
+            "--recipe",
+            "glm5-w8a8",
+            "--out",
+            str(tmp_path / "q"),
+            "--quiet",
+        ],
+    )
     assert res.exit_code == 2 and "Traceback" not in res.output
     err = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
     assert len(err) == 1 and "'--model'" in err[0] and "model.layers.1.mlp.gate.weight" in err[0], res.output
@@ -142,6 +168,7 @@ def test_cli_names_the_source_in_one_line(sources, tmp_path):
 def test_deepseek_style_mtp_copies_are_checked_and_dropped(sources, tmp_path):
     """DeepSeek-style checkpoints repeat the embedding and head inside the MTP layer: the streamed reader
     accepts equal copies (the output is as without them) and refuses a copy that differs, by name."""
+
     def with_copies(t, differ=False):
         t["model.layers.4.embed_tokens.weight"] = t["model.embed_tokens.weight"].clone()
         t["model.layers.4.shared_head.head.weight"] = t["lm_head.weight"].clone() + (1 if differ else 0)

@@ -90,7 +90,10 @@ def main(spec: dict) -> dict:
     out: dict = {"start_s": time.perf_counter() - t0}
     prompts = [{"prompt_token_ids": p} for p in spec["prompts"]]
     sp = SamplingParams(
-        max_tokens=spec.get("max_tokens", 16), temperature=0.0, ignore_eos=True, detokenize=False,
+        max_tokens=spec.get("max_tokens", 16),
+        temperature=0.0,
+        ignore_eos=True,
+        detokenize=False,
         prompt_logprobs=0,
     )
 

@@ -52,16 +52,24 @@ def other_checkpoint(tmp_path_factory):
 def test_tp1_tokens_equal_glm5_generate(tiny_checkpoint, prompts, tp1):
     assert tp1["tokens"] == expected_tokens(tiny_checkpoint, BACKEND, prompts)
     assert tp1["bytes"][0]["split_local"] == 0  # nothing split at TP=1
-    print(f"TP=1: engine start {tp1['start_s']:.1f} s, "
-          f"{len(prompts) * MAX_TOKENS / tp1['generate_s']:.1f} tokens/s, {tp1['bytes'][0]['all']} B params")
+    print(
+        f"TP=1: engine start {tp1['start_s']:.1f} s, "
+        f"{len(prompts) * MAX_TOKENS / tp1['generate_s']:.1f} tokens/s, {tp1['bytes'][0]['all']} B params"
+    )
 
 
 def test_tp2_equals_tp1_splits_updates_and_checks_topk(
     tiny_checkpoint, other_checkpoint, prompts, tp1, scratch
 ):
     r = run_engine(
-        scratch, BACKEND, env=engine_env(BACKEND, **TP2), script=ENGINE, model=str(tiny_checkpoint),
-        prompts=prompts, tensor_parallel_size=2, update_from=str(other_checkpoint),
+        scratch,
+        BACKEND,
+        env=engine_env(BACKEND, **TP2),
+        script=ENGINE,
+        model=str(tiny_checkpoint),
+        prompts=prompts,
+        tensor_parallel_size=2,
+        update_from=str(other_checkpoint),
         perturb_layer=PERTURBED_LAYER,
     )
     want = expected_tokens(tiny_checkpoint, BACKEND, prompts)
@@ -83,15 +91,23 @@ def test_tp2_equals_tp1_splits_updates_and_checks_topk(
     said = r["perturbed"] + r["stderr"]  # vLLM passes the worker's error text on ("Worker failed with ...")
     m = re.search(rf"top-k agreement: layer {PERTURBED_LAYER} .*rank\(s\) \[1\].* at step (\d+)", said)
     assert m, (r["perturbed"], r["stderr"][-3000:])
-    print(f"TP=2: engine start {r['start_s']:.1f} s, {len(prompts) * MAX_TOKENS / r['generate_s']:.1f} "
-          f"tokens/s, per rank {[b['all'] for b in r['bytes']]} B params (whole {whole}); log-prob max diff "
-          f"{worst:.2e}; perturbed: {m.group(0)}")
+    print(
+        f"TP=2: engine start {r['start_s']:.1f} s, {len(prompts) * MAX_TOKENS / r['generate_s']:.1f} "
+        f"tokens/s, per rank {[b['all'] for b in r['bytes']]} B params (whole {whole}); log-prob max diff "
+        f"{worst:.2e}; perturbed: {m.group(0)}"
+    )
 
 
 def test_ep2_tokens_equal_tp1(tiny_checkpoint, prompts, tp1, scratch):
     r = run_engine(
-        scratch, BACKEND, env=engine_env(BACKEND, **TP2), script=ENGINE, model=str(tiny_checkpoint),
-        prompts=prompts, tensor_parallel_size=2, enable_expert_parallel=True,
+        scratch,
+        BACKEND,
+        env=engine_env(BACKEND, **TP2),
+        script=ENGINE,
+        model=str(tiny_checkpoint),
+        prompts=prompts,
+        tensor_parallel_size=2,
+        enable_expert_parallel=True,
     )
     assert r["tokens"] == tp1["tokens"]
     for rank in r["bytes"]:

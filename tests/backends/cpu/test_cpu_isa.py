@@ -105,8 +105,20 @@ def test_exact_conformance_cases_under_each_isa(tmp_path, level):
     env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY",)}
     env.update(ISA_LEVELS[level], OMP_NUM_THREADS="1")
     report = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "glm5.cli", "conformance", "--backend", "cpu", "--ops", EXACT_OPS,
-           "--suite", "full", "--json", str(report)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "glm5.cli",
+        "conformance",
+        "--backend",
+        "cpu",
+        "--ops",
+        EXACT_OPS,
+        "--suite",
+        "full",
+        "--json",
+        str(report),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(report.read_text())

@@ -27,8 +27,9 @@ def test_bitwise_equal_to_reference(cuda, device, m, k):
 
 def test_ties_round_half_to_even(cuda, device):
     # amax 127 -> scale exactly 1, amax 254 -> scale 2: quotients land exactly on .5
-    x = torch.tensor([[127.0, 0.5, 1.5, 2.5, -2.5, -0.5, -3.5, 126.5],
-                      [254.0, 1.0, 3.0, 5.0, -5.0, -1.0, -7.0, 253.0]])
+    x = torch.tensor(
+        [[127.0, 0.5, 1.5, 2.5, -2.5, -0.5, -3.5, 126.5], [254.0, 1.0, 3.0, 5.0, -5.0, -1.0, -7.0, 253.0]]
+    )
     x_q, scale = cuda.dynamic_quant_int8(x.to(device))
     assert scale.cpu().tolist() == [1.0, 2.0]
     assert x_q.cpu().tolist() == [[127, 0, 2, 2, -2, 0, -4, 126], [127, 0, 2, 2, -2, 0, -4, 126]]
@@ -36,10 +37,10 @@ def test_ties_round_half_to_even(cuda, device):
 
 def test_zero_rows_tiny_rows_and_strided_input(cuda, device):
     x = torch.zeros(3, 20)
-    x[1, 3] = 1e-12                       # below the 1e-10 floor
+    x[1, 3] = 1e-12  # below the 1e-10 floor
     x[2] = torch.linspace(-4, 4, 20)
     wide = torch.zeros(3, 40)
-    wide[:, ::2] = x                      # strided columns
+    wide[:, ::2] = x  # strided columns
     x_q, scale = cuda.dynamic_quant_int8(wide[:, ::2].to(device))
     r_q, r_scale = reference(x)
     assert torch.equal(x_q.cpu(), r_q) and torch.equal(scale.cpu(), r_scale)

@@ -163,8 +163,9 @@ def test_indexer_topk_is_fused_and_keeps_the_tie_rule(cuda, device, launches, pa
     w = torch.randint(1, 3, (6, 4), generator=g).float()
     layout = SeqLayout.from_lengths(q_lens, k_lens, block_size=16 if paged else None)
     if paged:
-        rows = torch.cat([layout.physical_rows(b, torch.arange(s), torch.empty(0, 16, 32))
-                          for b, s in enumerate(k_lens)])
+        rows = torch.cat(
+            [layout.physical_rows(b, torch.arange(s), torch.empty(0, 16, 32)) for b, s in enumerate(k_lens)]
+        )
         nb = int(layout.block_table.max()) + 1
         cache = torch.full((nb * 16, 32), float("nan")).to(torch.float8_e4m3fn)
         scale = torch.full((nb * 16,), float("nan"))

@@ -26,14 +26,22 @@ def _offsets(sizes, dtype=torch.int64):
 def _quant(sizes, n, k, variant, group_size=None, seed=0):
     g = torch.Generator().manual_seed(seed)
     m, e = sum(sizes), len(sizes)
-    a = dict(x=torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8),
-             group_offsets=_offsets(sizes), x_scale=torch.rand(m, generator=g) * 0.02 + 1e-3)
+    a = dict(
+        x=torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8),
+        group_offsets=_offsets(sizes),
+        x_scale=torch.rand(m, generator=g) * 0.02 + 1e-3,
+    )
     if variant == "w8a8":
-        a |= dict(w=torch.randint(-128, 128, (e, n, k), generator=g, dtype=torch.int8),
-                  w_scale=torch.rand(e, n, generator=g) * 0.01 + 1e-3)
+        a |= dict(
+            w=torch.randint(-128, 128, (e, n, k), generator=g, dtype=torch.int8),
+            w_scale=torch.rand(e, n, generator=g) * 0.01 + 1e-3,
+        )
     else:
-        a |= dict(w=pack_int4(torch.randint(-8, 8, (e, n, k), generator=g)), group_size=group_size,
-                  w_scale=torch.rand(e, n, k // group_size, generator=g) * 0.1 + 1e-3)
+        a |= dict(
+            w=pack_int4(torch.randint(-8, 8, (e, n, k), generator=g)),
+            group_size=group_size,
+            w_scale=torch.rand(e, n, k // group_size, generator=g) * 0.1 + 1e-3,
+        )
     return a
 
 
@@ -79,10 +87,10 @@ def test_one_launch_for_all_experts(cuda, device, launches):
 def test_tile_schedule_numbers_every_tile_once(device):
     sizes = [0, 5, 0, 64, 65, 1, 0]
     offs, tile_expert, tile_first, t_max = tile_schedule(_offsets(sizes).to(device), sum(sizes), 32)
-    tiles = [-(-s // 32) for s in sizes]                                   # ceil(s / 32) per expert
+    tiles = [-(-s // 32) for s in sizes]  # ceil(s / 32) per expert
     expect = [e for e, t in enumerate(tiles) for _ in range(t)]
     got = tile_expert.cpu().tolist()
-    assert got[:len(expect)] == expect and all(t == len(sizes) for t in got[len(expect):])
+    assert got[: len(expect)] == expect and all(t == len(sizes) for t in got[len(expect) :])
     assert tile_first.cpu().tolist() == [sum(tiles[:e]) for e in range(len(sizes))]
     assert offs.cpu().tolist() == _offsets(sizes).tolist()
     assert t_max >= len(expect)
@@ -99,5 +107,6 @@ def test_rows_do_not_depend_on_order_within_expert(cuda, device):
 def test_bad_offsets_name_the_argument(cuda, device):
     a = _on(device, _quant([2, 3], 8, 32, "w8a8"))
     with pytest.raises(ValueError, match="^group_offsets: expected non-decreasing"), cuda.validating():
-        cuda.grouped_matmul(**(a | {"group_offsets": torch.tensor([0, 4, 3], device=device)}),
-                            out_dtype=torch.float32)
+        cuda.grouped_matmul(
+            **(a | {"group_offsets": torch.tensor([0, 4, 3], device=device)}), out_dtype=torch.float32
+        )

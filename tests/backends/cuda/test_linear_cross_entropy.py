@@ -48,8 +48,9 @@ def chunked(cuda):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("n,d,v,chunk_rows",
-                         [(10, 16, 50, None), (37, 24, 300, 8), (5, 8, 7, 2), (9, 32, 4100, 4)])
+@pytest.mark.parametrize(
+    "n,d,v,chunk_rows", [(10, 16, 50, None), (37, 24, 300, 8), (5, 8, 7, 2), (9, 32, 4100, 4)]
+)
 def test_chunked_loss_and_grads_match_reference(chunked, device, dtype, n, d, v, chunk_rows):
     skip_bf16_interpreted(dtype)
     h, w, t = _inputs(n, d, v, dtype, seed=n + v)
@@ -72,7 +73,7 @@ def test_backend_call_counts_launches_and_is_differentiable(cuda, device, launch
     h, w, t = _inputs(6, 8, 20, torch.float32)
     h, w = h.to(device).requires_grad_(), w.to(device).requires_grad_()
     loss = cuda.linear_cross_entropy(h, w, t.to(device))
-    assert launches()["linear_cross_entropy"] == 2          # logits GEMM + logsumexp
+    assert launches()["linear_cross_entropy"] == 2  # logits GEMM + logsumexp
     loss.backward()
     # the declared backward alone: each chunk's logits again and the gradient in place (+2); the forward
     # does not run again (it did through the recompute backward: 6 launches)

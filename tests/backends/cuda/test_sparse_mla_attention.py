@@ -137,8 +137,9 @@ def test_backward_without_lse_runs_the_forward_once(cuda, device, launches):
     q, cache, idx, layout = make([3, 2], [80, 50], dtype=torch.float32, seed=9)
     d_out = torch.randn(5, 3, 32, generator=torch.Generator().manual_seed(1))
     got_q, got_c = (t.detach().to(device).clone().requires_grad_() for t in (q, cache))
-    out, lse = cuda.sparse_mla_attention(got_q, got_c, idx.to(device), layout.to(device), 0.0625, 32,
-                                         return_lse=False)
+    out, lse = cuda.sparse_mla_attention(
+        got_q, got_c, idx.to(device), layout.to(device), 0.0625, 32, return_lse=False
+    )
     assert lse is None
     (out * d_out.to(device)).sum().backward()
     assert launches() == Counter({"sparse_mla_fwd": 1, "sparse_mla_bwd": 1})

@@ -21,12 +21,14 @@ OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def _args(m, n, k, group_size, *, seed=0, bias=False):
     g = torch.Generator().manual_seed(seed)
     w = torch.randint(-8, 8, (n, k), generator=g, dtype=torch.int8)
-    return dict(x_q=torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8),
-                x_scale=torch.rand(m, generator=g) * 0.02 + 1e-3,
-                w_packed=pack_int4(w),
-                w_scale=torch.rand(n, k // group_size, generator=g) * 0.1 + 1e-3,
-                group_size=group_size,
-                bias=torch.randn(n, generator=g) if bias else None)
+    return dict(
+        x_q=torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8),
+        x_scale=torch.rand(m, generator=g) * 0.02 + 1e-3,
+        w_packed=pack_int4(w),
+        w_scale=torch.rand(n, k // group_size, generator=g) * 0.1 + 1e-3,
+        group_size=group_size,
+        bias=torch.randn(n, generator=g) if bias else None,
+    )
 
 
 def _on(device, args):
@@ -34,14 +36,17 @@ def _on(device, args):
 
 
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
-@pytest.mark.parametrize("m,n,k,group_size,bias", [
-    (1, 1, 2, 2, False),            # one byte
-    (3, 40, 64, 64, True),          # per-channel
-    (70, 33, 256, 32, False),       # per-group, several groups per K step on a GPU
-    (5, 17, 384, 128, True),        # GLM-5-like group
-    (9, 20, 192, 48, False),        # group not a multiple of any power-of-two K step
-    (4, 6, 300, 300, False),        # per-channel, K not a multiple of the step
-])
+@pytest.mark.parametrize(
+    "m,n,k,group_size,bias",
+    [
+        (1, 1, 2, 2, False),  # one byte
+        (3, 40, 64, 64, True),  # per-channel
+        (70, 33, 256, 32, False),  # per-group, several groups per K step on a GPU
+        (5, 17, 384, 128, True),  # GLM-5-like group
+        (9, 20, 192, 48, False),  # group not a multiple of any power-of-two K step
+        (4, 6, 300, 300, False),  # per-channel, K not a multiple of the step
+    ],
+)
 def test_bitwise_equal_to_reference(cuda, device, out_dtype, m, n, k, group_size, bias):
     skip_bf16_interpreted(out_dtype)
     a = _args(m, n, k, group_size, seed=m + n + k, bias=bias)
@@ -56,8 +61,14 @@ def test_nibble_order_and_sign_extension(cuda, device):
     packed = pack_int4(w)
     assert packed.tolist() == [[0x78, 0x0F, 0xB3, 0xE1]]
     x = torch.eye(8, dtype=torch.int8)
-    out = cuda.w4a8_matmul(x.to(device), torch.ones(8, device=device), packed.to(device),
-                           torch.ones(1, 1, device=device), 8, out_dtype=torch.float32)
+    out = cuda.w4a8_matmul(
+        x.to(device),
+        torch.ones(8, device=device),
+        packed.to(device),
+        torch.ones(1, 1, device=device),
+        8,
+        out_dtype=torch.float32,
+    )
     assert out.cpu()[:, 0].tolist() == w[0].float().tolist()
 
 
@@ -79,9 +90,14 @@ def test_one_launch(cuda, device, launches):
 
 
 def test_huge_group_is_declined(cuda, device, launches):
-    k = MAX_GROUP + 1                      # 2**21: one group past the int32-safe size
-    a = dict(x_q=torch.zeros(1, k, dtype=torch.int8), x_scale=torch.ones(1),
-             w_packed=torch.zeros(1, k // 2, dtype=torch.uint8), w_scale=torch.ones(1, 1), group_size=k)
+    k = MAX_GROUP + 1  # 2**21: one group past the int32-safe size
+    a = dict(
+        x_q=torch.zeros(1, k, dtype=torch.int8),
+        x_scale=torch.ones(1),
+        w_packed=torch.zeros(1, k // 2, dtype=torch.uint8),
+        w_scale=torch.ones(1, 1),
+        group_size=k,
+    )
     with pytest.raises(NotSupported, match="int32 group accumulator"):
         cuda.w4a8_matmul(**_on(device, a), out_dtype=torch.float32)
     assert not launches()

@@ -19,11 +19,13 @@ OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def _args(m, n, k, *, seed=0, bias=False, bias_dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return dict(x_q=torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8),
-                x_scale=torch.rand(m, generator=g) * 0.02 + 1e-3,
-                w_q=torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8),
-                w_scale=torch.rand(n, generator=g) * 0.01 + 1e-3,
-                bias=torch.randn(n, generator=g).to(bias_dtype) if bias else None)
+    return dict(
+        x_q=torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8),
+        x_scale=torch.rand(m, generator=g) * 0.02 + 1e-3,
+        w_q=torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8),
+        w_scale=torch.rand(n, generator=g) * 0.01 + 1e-3,
+        bias=torch.randn(n, generator=g).to(bias_dtype) if bias else None,
+    )
 
 
 def _on(device, args):
@@ -31,8 +33,10 @@ def _on(device, args):
 
 
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
-@pytest.mark.parametrize("m,n,k,bias", [(1, 1, 1, False), (3, 40, 7, True), (70, 33, 300, False),
-                                        (5, 130, 520, True), (17, 9, 2100, False)])
+@pytest.mark.parametrize(
+    "m,n,k,bias",
+    [(1, 1, 1, False), (3, 40, 7, True), (70, 33, 300, False), (5, 130, 520, True), (17, 9, 2100, False)],
+)
 def test_bitwise_equal_to_reference(cuda, device, out_dtype, m, n, k, bias):
     skip_bf16_interpreted(out_dtype)
     a = _args(m, n, k, seed=m + n + k, bias=bias)
@@ -47,15 +51,16 @@ def test_int32_accumulator_is_exact_past_2p24(cuda, device):
     k = 4096
     x = torch.full((2, k), 127, dtype=torch.int8)
     w = torch.full((3, k), 127, dtype=torch.int8)
-    w[:, k // 2:] = -127
-    w[0, -1] = -126                       # total 127
-    w[1, -3:] = -128                      # total -3 * 127
-    x[1, ::2] = -128                      # mixes -128 * 127 and -128 * -128 terms
+    w[:, k // 2 :] = -127
+    w[0, -1] = -126  # total 127
+    w[1, -3:] = -128  # total -3 * 127
+    x[1, ::2] = -128  # mixes -128 * 127 and -128 * -128 terms
     one = torch.ones(2), torch.ones(3)
-    out = cuda.w8a8_matmul(x.to(device), one[0].to(device), w.to(device), one[1].to(device),
-                           out_dtype=torch.float32).cpu()
+    out = cuda.w8a8_matmul(
+        x.to(device), one[0].to(device), w.to(device), one[1].to(device), out_dtype=torch.float32
+    ).cpu()
     exact = x.double() @ w.double().T
-    assert exact.abs().max() < 2**24      # the totals are fp32-exact, so out must equal them
+    assert exact.abs().max() < 2**24  # the totals are fp32-exact, so out must equal them
     assert torch.equal(out.double(), exact)
 
 
@@ -72,9 +77,15 @@ def test_strided_and_transposed_operands(cuda, device):
     a = _args(6, 20, 96, seed=5, bias=True)
     x_wide = torch.zeros(6, 192, dtype=torch.int8)
     x_wide[:, ::2] = a["x_q"]
-    w_t = a["w_q"].T.contiguous().T        # column-major [N, K]
-    out = cuda.w8a8_matmul(x_wide[:, ::2].to(device), a["x_scale"].to(device), w_t.to(device),
-                           a["w_scale"].to(device), a["bias"].to(device), out_dtype=torch.float32)
+    w_t = a["w_q"].T.contiguous().T  # column-major [N, K]
+    out = cuda.w8a8_matmul(
+        x_wide[:, ::2].to(device),
+        a["x_scale"].to(device),
+        w_t.to(device),
+        a["w_scale"].to(device),
+        a["bias"].to(device),
+        out_dtype=torch.float32,
+    )
     assert torch.equal(out.cpu(), reference(**a, out_dtype=torch.float32))
 
 

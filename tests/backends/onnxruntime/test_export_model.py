@@ -164,8 +164,16 @@ def test_cli_exports_a_quantized_checkpoint_and_never_overwrites(tmp_path):
     export(model, tmp_path / "w4a8", "compressed-tensors")
     out = tmp_path / "q.onnx"
     out.write_text("mine")
-    args = ["export-onnx", "--model", str(tmp_path / "w4a8"), "--seq-len", str(S), "--out", str(out),
-            "--quiet"]
+    args = [
+        "export-onnx",
+        "--model",
+        str(tmp_path / "w4a8"),
+        "--seq-len",
+        str(S),
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 2 and "--overwrite" in res.output and out.read_text() == "mine"
     res = CliRunner().invoke(main, args + ["--overwrite"])
@@ -173,7 +181,8 @@ def test_cli_exports_a_quantized_checkpoint_and_never_overwrites(tmp_path):
     calls = {n.op_type for n in onnx.load(str(out)).graph.node if n.domain == DOMAIN}
     assert {"dynamic_quant_int8", "w8a8_matmul", "grouped_matmul_w4a8"} <= calls
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fp8", "q.onnx", "w4a8"]  # no temporary left
-    res = CliRunner().invoke(main, ["export-onnx", "--model", str(tmp_path / "fp8"), "--out",
-                                    str(tmp_path / "f.onnx")])
+    res = CliRunner().invoke(
+        main, ["export-onnx", "--model", str(tmp_path / "fp8"), "--out", str(tmp_path / "f.onnx")]
+    )
     err = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
     assert res.exit_code == 2 and len(err) == 1 and "FP8" in err[0] and "glm5 quantize" in err[0], res.output

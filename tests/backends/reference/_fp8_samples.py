@@ -57,8 +57,9 @@ def fp8_sample(op: str, dt: str, layout_kind: str = "ragged") -> dict:
             torch.randn(5, 32, generator=g),
             torch.randn(2, 2, generator=g),
         )
-        a = dict(q=q8, k_cache=_paged(k8, paged), k_scale=_paged(ks, paged), weights=w8,
-                 layout=_layout(5, paged))
+        a = dict(
+            q=q8, k_cache=_paged(k8, paged), k_scale=_paged(ks, paged), weights=w8, layout=_layout(5, paged)
+        )
         return a | ({"topk": 3} if op == "fp8_indexer_topk" else {})
     if op == "fp8_mla_cache_quant":
         return dict(kv=torch.randn(3, 576, generator=g).to(f))

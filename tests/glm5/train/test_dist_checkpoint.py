@@ -22,8 +22,18 @@ from glm5.model import GLM5ForCausalLM
 from glm5.train import dist_state
 from glm5.train.loop import TrainConfig, Trainer
 
-ARGS = ["--batch-size", "4", "--seq-len", "32", "--eval-every", "2", "--save-every", "2", "--quiet",
-        "--no-rollout-check"]
+ARGS = [
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "32",
+    "--eval-every",
+    "2",
+    "--save-every",
+    "2",
+    "--quiet",
+    "--no-rollout-check",
+]
 
 
 def _train(out: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
@@ -93,8 +103,12 @@ def test_the_checkpoint_loads_at_one_rank_and_at_four_and_both_continue_the_run(
     assert all(torch.equal(got[n], p) for n, p in want.named_parameters())
     osd = get_optimizer_state_dict(trainer.model, trainer.optimizers)
     saved = _full_optimizer_state(ckpt)
-    loaded = {f"{fqn}:{k}": v for fqn, st in osd["state"].items() for k, v in st.items()
-              if isinstance(v, torch.Tensor)}
+    loaded = {
+        f"{fqn}:{k}": v
+        for fqn, st in osd["state"].items()
+        for k, v in st.items()
+        if isinstance(v, torch.Tensor)
+    }
     assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
     trainer.run(progress=False)
     _train(four, "--steps", "6", "--resume", nproc=4)

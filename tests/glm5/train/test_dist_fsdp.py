@@ -65,8 +65,18 @@ def _fsdp_worker(rank: int, world: int, out: str) -> None:
             with open(f"{out}/zero{zero}.json", "w") as f:
                 json.dump({"bytes": state_bytes(model, opts)}, f)
     # the Trainer on the same process group: 20 steps at ZeRO-2
-    cfg = TrainConfig(steps=20, batch_size=4, seq_len=32, lr=1e-2, warmup_steps=2, eval_every=10,
-                      eval_batches=1, save_every=20, max_bytes=256 << 10, deterministic=True)
+    cfg = TrainConfig(
+        steps=20,
+        batch_size=4,
+        seq_len=32,
+        lr=1e-2,
+        warmup_steps=2,
+        eval_every=10,
+        eval_batches=1,
+        save_every=20,
+        max_bytes=256 << 10,
+        deterministic=True,
+    )
     Trainer(cfg, f"{out}/run", mesh=Mesh(dp=world), zero=2).run(progress=False)
     # the same run split by the plan instead: tensor parallel, then expert parallel
     Trainer(cfg, f"{out}/tp", mesh=Mesh(tp=world)).run(progress=False)
@@ -132,8 +142,10 @@ def test_a_20_step_run_trains(fsdp_run, run):
     summary = json.loads((fsdp_run / run / "summary.json").read_text())
     assert [r["step"] for r in recs] == list(range(1, 21)) and summary["world"] == 2
     first, last = sum(r["lm_loss"] for r in recs[:3]) / 3, sum(r["lm_loss"] for r in recs[-3:]) / 3
-    print(f"{run}: lm loss {first:.3f} -> {last:.3f}; held-out {summary['init_eval_loss']:.3f} -> "
-          f"{summary['final_eval_loss']:.3f}")
+    print(
+        f"{run}: lm loss {first:.3f} -> {last:.3f}; held-out {summary['init_eval_loss']:.3f} -> "
+        f"{summary['final_eval_loss']:.3f}"
+    )
     assert last < first - 0.3 and summary["final_eval_loss"] < summary["init_eval_loss"] - 0.3
     assert (fsdp_run / run / "checkpoints" / "latest" / "model").is_dir()
 
@@ -142,21 +154,29 @@ def test_mesh_parsing():
     assert parse_mesh("dp=2") == Mesh(dp=2)
     assert parse_mesh("dp=2, tp=1,ep=1,pp=1") == Mesh(dp=2)
     check_mesh(Mesh(dp=4), 4)
-    for text, msg in [("dp=0", "dp: expected an integer >= 1, got 0"), ("dp=x", "dp: expected an integer"),
-                      ("zz=2", "AXIS=N"), ("dp=2,dp=2", "given twice"), ("", "AXIS=N")]:
+    for text, msg in [
+        ("dp=0", "dp: expected an integer >= 1, got 0"),
+        ("dp=x", "dp: expected an integer"),
+        ("zz=2", "AXIS=N"),
+        ("dp=2,dp=2", "given twice"),
+        ("", "AXIS=N"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             parse_mesh(text)
 
 
-@pytest.mark.parametrize("args, hint, msg", [
-    (["--nproc", "2", "--mesh", "dp=3"], "'--mesh'", "multiply to 3"),
-    (["--nproc", "2", "--mesh", "dp=2,tp=0"], "'--mesh'", "tp: expected an integer >= 1, got 0"),
-    (["--nproc", "4", "--mesh", "tp=2,ep=2"], "'--mesh'", "expected one axis above 1 or a 2-D mesh"),
-    (["--nproc", "4", "--mesh", "dp=2,pp=2"], "'--mesh'", "expected one axis above 1 or a 2-D mesh"),
-    (["--nproc", "2", "--mesh", "pp"], "'--mesh'", "expected AXIS=N"),
-    (["--nproc", "2", "--batch-size", "3"], "'--batch-size'", "must divide by dp (2), got 3"),
-    (["--nproc", "0"], "'--nproc'", "0"),
-])
+@pytest.mark.parametrize(
+    "args, hint, msg",
+    [
+        (["--nproc", "2", "--mesh", "dp=3"], "'--mesh'", "multiply to 3"),
+        (["--nproc", "2", "--mesh", "dp=2,tp=0"], "'--mesh'", "tp: expected an integer >= 1, got 0"),
+        (["--nproc", "4", "--mesh", "tp=2,ep=2"], "'--mesh'", "expected one axis above 1 or a 2-D mesh"),
+        (["--nproc", "4", "--mesh", "dp=2,pp=2"], "'--mesh'", "expected one axis above 1 or a 2-D mesh"),
+        (["--nproc", "2", "--mesh", "pp"], "'--mesh'", "expected AXIS=N"),
+        (["--nproc", "2", "--batch-size", "3"], "'--batch-size'", "must divide by dp (2), got 3"),
+        (["--nproc", "0"], "'--nproc'", "0"),
+    ],
+)
 def test_bad_parallel_options_are_one_line_exit_2_before_anything_is_written(tmp_path, args, hint, msg):
     out = tmp_path / "run"
     res = CliRunner().invoke(main, ["train", "--out", str(out), "--steps", "1", *args])
@@ -178,8 +198,10 @@ def test_a_tp2_run_follows_the_dp2_run_and_its_checkpoint_resumes_at_one_rank(fs
     shutil.copytree(fsdp_run / "tp", run, symlinks=True)
     trainer = Trainer(TrainConfig(steps=21), run, resume=True)  # 1 process: the tp slices put back together
     q_b = trainer.model.model.layers[0].self_attn.q_b_proj.weight
-    assert tuple(q_b.shape) == (trainer.model.config.num_attention_heads * trainer.model.config.qk_head_dim,
-                                trainer.model.config.q_lora_rank)
+    assert tuple(q_b.shape) == (
+        trainer.model.config.num_attention_heads * trainer.model.config.qk_head_dim,
+        trainer.model.config.q_lora_rank,
+    )
     assert all(len(st) for o in trainer.optimizers for st in o.state.values())
     trainer.run(progress=False)
     steps = [json.loads(ln)["step"] for ln in (run / "metrics.jsonl").read_text().splitlines()]

@@ -26,8 +26,18 @@ from tests.glm5.train._dist import spawn
 from tests.glm5.train.test_dist_fsdp import BATCH, _ids, _model, _objective
 
 MESH = Mesh(dp=2, tp=2)
-CFG = TrainConfig(steps=2, batch_size=4, seq_len=32, lr=1e-2, warmup_steps=2, eval_every=1, eval_batches=1,
-                  save_every=1, max_bytes=256 << 10, deterministic=True)
+CFG = TrainConfig(
+    steps=2,
+    batch_size=4,
+    seq_len=32,
+    lr=1e-2,
+    warmup_steps=2,
+    eval_every=1,
+    eval_batches=1,
+    save_every=1,
+    max_bytes=256 << 10,
+    deterministic=True,
+)
 
 
 def _whole(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -51,8 +61,14 @@ def _part(p: torch.Tensor, g: torch.Tensor, dp_rank: int) -> torch.Tensor:
     if not isinstance(p, DTensor):
         return g.clone()
     s, n = chunk_ranges(g.shape[0], p.device_mesh.size())[dp_rank]
-    return DTensor.from_local(g.narrow(0, s, n).contiguous(), p.device_mesh, p.placements, run_check=False,
-                              shape=p.shape, stride=p.stride())
+    return DTensor.from_local(
+        g.narrow(0, s, n).contiguous(),
+        p.device_mesh,
+        p.placements,
+        run_check=False,
+        shape=p.shape,
+        stride=p.stride(),
+    )
 
 
 def _worker(rank: int, world: int, out: str) -> None:
@@ -76,8 +92,13 @@ def _worker(rank: int, world: int, out: str) -> None:
     muon.step()
     after = {n: _whole(p, p.detach()) for n, p in named}
     planned = muon.planned_bytes()
-    stats = {"sent": muon.last_step_bytes.sent, "received": muon.last_step_bytes.received,
-             "planned_sent": planned.sent, "ns_matrices": muon.ns_matrices, "bytes": state_bytes(model, opts)}
+    stats = {
+        "sent": muon.last_step_bytes.sent,
+        "received": muon.last_step_bytes.received,
+        "planned_sent": planned.sent,
+        "ns_matrices": muon.ns_matrices,
+        "bytes": state_bytes(model, opts),
+    }
     all_stats = [None] * world
     dist.all_gather_object(all_stats, stats)
     if rank == 0:
@@ -147,8 +168,10 @@ def test_dp2_tp2_muon_is_bitwise_the_one_process_update_with_whole_heads_moving_
         assert s["sent"]["per-head"] == 0 and s["received"]["per-head"] == 0
     ns_one = opts[0].ns_matrices if hasattr(opts[0], "ns_matrices") else None
     total_ns = sum(s["ns_matrices"] for s in stats)
-    print(f"Muon bytes sent per rank: {[sum(s['sent'].values()) for s in stats]}; Newton-Schulz matrices "
-          f"over the mesh {total_ns}; parameter + optimizer bytes per rank {[s['bytes'] for s in stats]}")
+    print(
+        f"Muon bytes sent per rank: {[sum(s['sent'].values()) for s in stats]}; Newton-Schulz matrices "
+        f"over the mesh {total_ns}; parameter + optimizer bytes per rank {[s['bytes'] for s in stats]}"
+    )
     expected = sum(b.heads * len(b.sections) for g in opts[0].param_groups for b in g["blocks"])
     assert total_ns == expected, (total_ns, expected, ns_one)
 

@@ -21,8 +21,19 @@ from glm5.train.rl import Rollouts, collect, minibatch_loss
 from tests.glm5.train._dist import spawn
 from tests.glm5.train.test_dist_fsdp import BATCH, _ids, _model
 
-RL = TrainConfig(stage="rl", steps=1, batch_size=2, group_size=2, prompt_len=8, response_len=4, eval_every=1,
-                 eval_batches=1, max_bytes=256 << 10, deterministic=True, seq_len=16)
+RL = TrainConfig(
+    stage="rl",
+    steps=1,
+    batch_size=2,
+    group_size=2,
+    prompt_len=8,
+    response_len=4,
+    eval_every=1,
+    eval_batches=1,
+    max_bytes=256 << 10,
+    deterministic=True,
+    seq_len=16,
+)
 FIELDS = ("prompts", "responses", "logp_rollout", "logp_old", "rewards", "advantages")
 
 
@@ -64,8 +75,10 @@ def _worker(rank: int, world: int, out: str) -> None:
     trainer.run(progress=False)
     if rank == 0:
         save_file(grads, f"{out}/rl.safetensors")
-        save_file({f"{r}/{f}": t.contiguous() for r, p in enumerate(parts) for f, t in p.items()},
-                  f"{out}/rollouts.safetensors")
+        save_file(
+            {f"{r}/{f}": t.contiguous() for r, p in enumerate(parts) for f, t in p.items()},
+            f"{out}/rollouts.safetensors",
+        )
 
 
 @pytest.fixture(scope="module")

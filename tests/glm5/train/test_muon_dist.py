@@ -97,8 +97,12 @@ class Odd(nn.Module):
     """Shapes the tiny model lacks: 3 heads at 2 ranks (a head split: owner path), 5 rows (uneven
     shards, padded), 3 stacked experts (2 + 1, whole: local), one row (rank 1 holds nothing: local)."""
 
-    SHAPES = {"heads3": ((24, 16), Blocks(3, (8,))), "rows5": ((5, 12), Blocks(1, (5,))),
-              "experts3": ((3, 8, 6), Blocks(3, (8,))), "row1": ((1, 7), Blocks(1, (1,)))}
+    SHAPES = {
+        "heads3": ((24, 16), Blocks(3, (8,))),
+        "rows5": ((5, 12), Blocks(1, (5,))),
+        "experts3": ((3, 8, 6), Blocks(3, (8,))),
+        "row1": ((1, 7), Blocks(1, (1,))),
+    }
 
     def __init__(self) -> None:
         super().__init__()
@@ -170,6 +174,7 @@ def _ranks_fsdp_tp(rank: int, world: int, tmp: str) -> dict:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
     mesh = init_device_mesh("cpu", (world,))
     wire = {"sent": 0, "received": 0}
     real_gather, real_scatter = dist.gather, dist.scatter
@@ -194,9 +199,14 @@ def _ranks_fsdp_tp(rank: int, world: int, tmp: str) -> dict:
     odd_ref = Odd()
     tp_ref = {n: nn.Parameter(_grad(s, 99, i)) for i, (n, (s, *_)) in enumerate(TP.items())}
     extra_ref = Muon(
-        [{"params": [*odd_ref.parameters(), *tp_ref.values()],
-          "blocks": [b for _, b in Odd.SHAPES.values()] + [b for _, b, *_ in TP.values()]}],
-        lr=LR, weight_decay=WD,
+        [
+            {
+                "params": [*odd_ref.parameters(), *tp_ref.values()],
+                "blocks": [b for _, b in Odd.SHAPES.values()] + [b for _, b, *_ in TP.values()],
+            }
+        ],
+        lr=LR,
+        weight_decay=WD,
     )
     ref_matrices = []
 
@@ -217,17 +227,24 @@ def _ranks_fsdp_tp(rank: int, world: int, tmp: str) -> dict:
         p.glm5_shard = FakeShardInfo(kind, dim, rank, world, shape)
         tp[n] = p
     extra = DistributedMuon(
-        [{"params": [*odd.parameters(), *tp.values()],
-          "blocks": [b for _, b in Odd.SHAPES.values()] + [b for _, b, *_ in TP.values()]}],
-        lr=LR, weight_decay=WD,
+        [
+            {
+                "params": [*odd.parameters(), *tp.values()],
+                "blocks": [b for _, b in Odd.SHAPES.values()] + [b for _, b, *_ in TP.values()],
+            }
+        ],
+        lr=LR,
+        weight_decay=WD,
     )
     out: dict = {"steps": []}
 
     ref_lists = (ref_opt.param_groups[0]["params"], extra_ref.param_groups[0]["params"])
     for step in (1, 2):
         if step == 2:  # resume the sharded Muon from a torch.distributed.checkpoint of step 1
-            dcp.save({"muon": get_optimizer_state_dict(model, opt), "model": model.state_dict()},
-                     checkpoint_id=f"{tmp}/dcp")
+            dcp.save(
+                {"muon": get_optimizer_state_dict(model, opt), "model": model.state_dict()},
+                checkpoint_id=f"{tmp}/dcp",
+            )
             before = {k: _local(v).clone() for k, v in model.state_dict().items()}
             model, opt = shard_model()
             state = {"muon": get_optimizer_state_dict(model, opt), "model": model.state_dict()}
@@ -247,13 +264,18 @@ def _ranks_fsdp_tp(rank: int, world: int, tmp: str) -> dict:
         opt.step()
         fsdp_wire = dict(wire)
         extra.step()
-        out["steps"].append({
-            "bad": _mismatches(ref_lists[0], lists[0], rank, world)
-            + _mismatches(ref_lists[1], lists[1], rank, world),
-            "ns_matrices": sum(ns), "ns_calls": len(ns),
-            "bytes": opt.last_step_bytes, "planned": opt.planned_bytes(), "wire": fsdp_wire,
-            "extra_bytes": extra.last_step_bytes,
-        })
+        out["steps"].append(
+            {
+                "bad": _mismatches(ref_lists[0], lists[0], rank, world)
+                + _mismatches(ref_lists[1], lists[1], rank, world),
+                "ns_matrices": sum(ns),
+                "ns_calls": len(ns),
+                "bytes": opt.last_step_bytes,
+                "planned": opt.planned_bytes(),
+                "wire": fsdp_wire,
+                "extra_bytes": extra.last_step_bytes,
+            }
+        )
     out["ref_matrices"] = ref_matrices
     out["owners"] = {k: e.owner for k, e in enumerate(opt._entries.values())}
     out["plan"] = _plan_steps(rank, world)

@@ -19,7 +19,11 @@ from tests.glm5.train._dist import spawn
 
 B, S, N_MB, MTP_W = 4, 24, 2, 0.3
 CONFIGS = [
-    ("gpipe", "last"), ("1f1b", "last"), ("gpipe", "own"), ("1f1b", "own"), ("interleaved-1f1b", "own")
+    ("gpipe", "last"),
+    ("1f1b", "last"),
+    ("gpipe", "own"),
+    ("1f1b", "own"),
+    ("interleaved-1f1b", "own"),
 ]
 TRAIN_STEPS = 20
 
@@ -71,13 +75,15 @@ def _warmup(ids: torch.Tensor) -> dict:
         lm_and_mtp(ref, mb, 1)
         (1.0 * probe.kl_loss() / N_MB).backward()
     ref_grads = dict(ref.named_parameters())
-    pipe = build_pipeline(model, None, "1f1b", N_MB, "own", probe=AttentionProbe(model, "warmup"),
-                          loss_stage="warmup")
+    pipe = build_pipeline(
+        model, None, "1f1b", N_MB, "own", probe=AttentionProbe(model, "warmup"), loss_stage="warmup"
+    )
     pipe.step(ids)
     return {
         "with_grad": [n for n, p in pipe.named_parameters() if p.grad is not None],
         "grads_differ": [
-            n for n, p in pipe.named_parameters()
+            n
+            for n, p in pipe.named_parameters()
             if (p.grad is None) != (ref_grads[n].grad is None)
             or (p.grad is not None and not torch.equal(p.grad, ref_grads[n].grad))
         ],
@@ -120,7 +126,8 @@ def _agreement(rank: int, world: int, out_dir: str) -> None:
             ],
             "n_grads": sum(p.grad is not None for _, p in pipe.named_parameters()),
             "grads_differ": [
-                n for n, p in pipe.named_parameters()
+                n
+                for n, p in pipe.named_parameters()
                 if p.grad is not None and not torch.equal(p.grad, ref_grads[n].grad)
             ],
             "grad_rel_whole": max(
@@ -134,11 +141,13 @@ def _agreement(rank: int, world: int, out_dir: str) -> None:
             rec["parts"] = pipe.parts
             rec["ref_parts"] = ref_parts
         out.append(rec)
-    out.append({
-        "warmup": _warmup(ids),
-        "train_losses": _train(),
-        "ref_n_grads": sum(p.grad is not None for p in ref.parameters()),
-    })
+    out.append(
+        {
+            "warmup": _warmup(ids),
+            "train_losses": _train(),
+            "ref_n_grads": sum(p.grad is not None for p in ref.parameters()),
+        }
+    )
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump(out, f)
 
@@ -150,8 +159,9 @@ def _train() -> list[float]:
     from glm5.train.pipeline import build_pipeline
 
     model = _model()
-    pipe = build_pipeline(model, None, "1f1b", N_MB, "own", mtp_steps=1, mtp_weight=MTP_W,
-                          probe=AttentionProbe(model, "sparse"))
+    pipe = build_pipeline(
+        model, None, "1f1b", N_MB, "own", mtp_steps=1, mtp_weight=MTP_W, probe=AttentionProbe(model, "sparse")
+    )
     optimizers = build_optimizers(pipe, "muon-split", lr=1e-2, weight_decay=0.0)
     ids, losses = _ids(1), []
     for _ in range(TRAIN_STEPS):
@@ -222,7 +232,8 @@ def test_plan_passes_top_k_only_into_a_stage_that_starts_with_a_shared_layer():
     assert [(s.final_norm, s.output) for s in last] == [(False, False), (True, True)]
     own = plan_stages(model, 2, "own")
     assert [(s.start, s.stop, s.final_norm, s.output) for s in own] == [
-        (0, 4, True, False), (4, 4, False, True)
+        (0, 4, True, False),
+        (4, 4, False, True),
     ]
     assert not any(s.send_topk or s.recv_topk for s in own)
     cut = plan_stages(model, 2, "last", layers=[3, 1])  # cut before a full layer: no top-k crosses

@@ -23,8 +23,18 @@ from glm5.cli_args import MODEL_DEFAULT_BACKEND
 from glm5.train import dist_state
 from glm5.train.loop import TrainConfig, Trainer
 
-ARGS = ["--batch-size", "4", "--seq-len", "32", "--eval-every", "2", "--save-every", "2", "--quiet",
-        "--no-rollout-check"]
+ARGS = [
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "32",
+    "--eval-every",
+    "2",
+    "--save-every",
+    "2",
+    "--quiet",
+    "--no-rollout-check",
+]
 PP = ["--nproc", "2", "--mesh", "pp=2"]
 
 
@@ -55,8 +65,20 @@ def straight(tmp_path_factory) -> Path:
     """4 steps of interleaved 1F1B (4 stages on 2 ranks, the MTP layer on its own), 2 micro-batches,
     decoder layers recomputed in the backward, checkpoints at 2 and 4."""
     out = tmp_path_factory.mktemp("pp") / "straight"
-    _train(out, *PP, "--pp-schedule", "interleaved-1f1b", "--mtp-stage", "own", "--microbatches", "2",
-           "--activations", "recompute", "--steps", "4")
+    _train(
+        out,
+        *PP,
+        "--pp-schedule",
+        "interleaved-1f1b",
+        "--mtp-stage",
+        "own",
+        "--microbatches",
+        "2",
+        "--activations",
+        "recompute",
+        "--steps",
+        "4",
+    )
     return out
 
 
@@ -99,8 +121,12 @@ def test_the_pp_checkpoint_loads_at_one_process(straight, tmp_path):
     osd = get_optimizer_state_dict(trainer.model, trainer.optimizers)
     saved = _tensors(ckpt)
     optim = {k.rsplit("/", 1)[1]: v for k, v in saved.items() if k.startswith("trainer/")}
-    loaded = {f"{fqn}:{k}": v for fqn, st in osd["state"].items() for k, v in st.items()
-              if isinstance(v, torch.Tensor)}
+    loaded = {
+        f"{fqn}:{k}": v
+        for fqn, st in osd["state"].items()
+        for k, v in st.items()
+        if isinstance(v, torch.Tensor)
+    }
     assert optim.keys() == loaded.keys() and all(torch.equal(optim[k], loaded[k]) for k in optim)
     # the pipeline's held-out loss is the whole model's
     assert trainer.evaluate() == _records(straight)[-1]["eval_loss"]
@@ -126,8 +152,16 @@ def test_activations_option_changes_no_number_of_a_one_process_run(tmp_path, mod
     plain = tmp_path / "none"
     res = CliRunner().invoke(main, ["train", "--out", str(plain), *ARGS, "--batch-size", "2", "--steps", "2"])
     assert res.exit_code == 0, res.output
-    cfg = TrainConfig(steps=2, batch_size=2, seq_len=32, eval_every=2, save_every=2, activations=mode,
-                      backend=MODEL_DEFAULT_BACKEND, threads=1)
+    cfg = TrainConfig(
+        steps=2,
+        batch_size=2,
+        seq_len=32,
+        eval_every=2,
+        save_every=2,
+        activations=mode,
+        backend=MODEL_DEFAULT_BACKEND,
+        threads=1,
+    )
     trainer = Trainer(cfg, tmp_path / mode)
     trainer.run(progress=False)
     assert _records(plain) == _records(tmp_path / mode)
@@ -143,13 +177,16 @@ def test_the_activations_option_reaches_a_distributed_run(straight):
     assert saved["config"]["pp_schedule"] == "interleaved-1f1b" and saved["config"]["mtp_stage"] == "own"
 
 
-@pytest.mark.parametrize("args, hint, msg", [
-    (["--pp-schedule", "gpipe"], "'--pp-schedule'", "only with --mesh pp=N"),
-    ([*PP, "--microbatches", "3"], "'--microbatches'", "expected a divisor of --batch-size (4), got 3"),
-    ([*PP, "--microbatches", "1"], "'--microbatches'", "1f1b needs at least one micro-batch per stage"),
-    (["--nproc", "8", "--mesh", "pp=8", "--batch-size", "8"], "'--mesh'", "stages: expected 1..4"),
-    ([*PP, "--stage", "rl"], "'--stage'", "rl with pp > 1"),
-])
+@pytest.mark.parametrize(
+    "args, hint, msg",
+    [
+        (["--pp-schedule", "gpipe"], "'--pp-schedule'", "only with --mesh pp=N"),
+        ([*PP, "--microbatches", "3"], "'--microbatches'", "expected a divisor of --batch-size (4), got 3"),
+        ([*PP, "--microbatches", "1"], "'--microbatches'", "1f1b needs at least one micro-batch per stage"),
+        (["--nproc", "8", "--mesh", "pp=8", "--batch-size", "8"], "'--mesh'", "stages: expected 1..4"),
+        ([*PP, "--stage", "rl"], "'--stage'", "rl with pp > 1"),
+    ],
+)
 def test_bad_pipeline_options_are_one_line_exit_2_before_anything_starts(tmp_path, args, hint, msg):
     out = tmp_path / "run"
     res = CliRunner().invoke(main, ["train", "--out", str(out), "--steps", "1", *ARGS, *args])

@@ -17,8 +17,18 @@ from glm5.train import rl
 from glm5.train.loop import TrainConfig, Trainer
 
 RL = dict(
-    stage="rl", batch_size=4, group_size=8, prompt_len=16, response_len=16, seq_len=32, warmup_steps=0,
-    eval_every=1000, eval_batches=1, save_every=1000, max_bytes=256 << 10, deterministic=True,
+    stage="rl",
+    batch_size=4,
+    group_size=8,
+    prompt_len=16,
+    response_len=16,
+    seq_len=32,
+    warmup_steps=0,
+    eval_every=1000,
+    eval_batches=1,
+    save_every=1000,
+    max_bytes=256 << 10,
+    deterministic=True,
 )
 
 
@@ -127,8 +137,11 @@ def test_cli_rl_stage_and_bad_options(tmp_path):
     assert res.exit_code == 0, res.output
     assert _records(out)[0]["response_tokens"] == 2 * 2 * 4
     assert "reward_first_step" in json.loads((out / "summary.json").read_text())
-    for bad, name in ((["--group-size", "1"], "--group-size"), (["--minibatches", "3"], "minibatches"),
-                      (["--temperature", "0"], "--temperature")):
+    for bad, name in (
+        (["--group-size", "1"], "--group-size"),
+        (["--minibatches", "3"], "minibatches"),
+        (["--temperature", "0"], "--temperature"),
+    ):
         res = CliRunner().invoke(main, [*args[:5], "--out", str(tmp_path / "x"), "--batch-size", "2", *bad])
         assert res.exit_code == 2 and name in res.output and "Traceback" not in res.output, res.output
     assert "--ppo-epochs" in CliRunner().invoke(main, ["train", "--help"]).output

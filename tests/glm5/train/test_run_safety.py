@@ -17,8 +17,18 @@ from glm5.train.loop import NothingToResume, RunExists, TrainConfig, Trainer
 from glm5.train.state import LATEST, checkpoints, latest_checkpoint, save_checkpoint
 
 SMALL = dict(batch_size=1, seq_len=16, eval_every=2, eval_batches=1, save_every=1, max_bytes=64 << 10)
-ARGS = ["--config", "tiny", "--quiet", "--no-rollout-check", "--batch-size", "1", "--seq-len", "16",
-        "--eval-every", "2"]
+ARGS = [
+    "--config",
+    "tiny",
+    "--quiet",
+    "--no-rollout-check",
+    "--batch-size",
+    "1",
+    "--seq-len",
+    "16",
+    "--eval-every",
+    "2",
+]
 
 
 def _train(out, *extra):
@@ -68,8 +78,9 @@ def test_latest_is_a_path_and_old_text_pointer_still_reads(tmp_path):
     latest = out / "checkpoints" / LATEST
     assert latest.is_symlink() and os.readlink(latest) == "step-000002"
     GLM5ForCausalLM.from_pretrained(latest, backend="reference")
-    res = CliRunner().invoke(main, ["generate", "--model", str(latest), "--max-new-tokens", "2",
-                                    "--prompt-ids", "1,2,3"])
+    res = CliRunner().invoke(
+        main, ["generate", "--model", str(latest), "--max-new-tokens", "2", "--prompt-ids", "1,2,3"]
+    )
     assert res.exit_code == 0, res.output
     latest.unlink()
     latest.write_text("step-000001\n")  # what earlier versions wrote
@@ -83,8 +94,14 @@ def test_checkpoint_files_are_fsynced_and_shared(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
     final = save_checkpoint(tmp_path / "run" / "checkpoints", 1, trainer.model, trainer.optimizers, {})
     names = {os.path.basename(p) for p in synced}
-    for f in ("model.safetensors", "config.json", "optimizer.safetensors", "rng.safetensors",
-              "trainer_state.json", "checkpoints"):
+    for f in (
+        "model.safetensors",
+        "config.json",
+        "optimizer.safetensors",
+        "rng.safetensors",
+        "trainer_state.json",
+        "checkpoints",
+    ):
         assert f in names, f
     mask = os.umask(0)
     os.umask(mask)
@@ -96,9 +113,14 @@ def test_checkpoint_files_are_fsynced_and_shared(tmp_path, monkeypatch):
 def test_resume_with_nothing_and_bad_numbers_are_one_line_errors(tmp_path):
     with pytest.raises(NothingToResume):
         Trainer(TrainConfig(**dict(SMALL, steps=1)), tmp_path / "empty", resume=True)
-    for extra, word in ((["--resume"], "--resume"), (["--save-every", "0"], "--save-every"),
-                        (["--config", "nope"], "--config"), (["--steps", "0"], "--steps"),
-                        (["--backend", "nope"], "--backend"), (["--model", str(tmp_path)], "--model")):
+    for extra, word in (
+        (["--resume"], "--resume"),
+        (["--save-every", "0"], "--save-every"),
+        (["--config", "nope"], "--config"),
+        (["--steps", "0"], "--steps"),
+        (["--backend", "nope"], "--backend"),
+        (["--model", str(tmp_path)], "--model"),
+    ):
         res = _train(tmp_path / "new", *extra)
         assert res.exit_code == 2, (extra, res.output)
         assert "Traceback" not in res.output and word in res.output, res.output
