@@ -24,8 +24,9 @@ import torch.multiprocessing as mp
 from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
 from glm5.train.muon import blocks_for, uses_adamw
-from glm5.train.muon_dist import SCHEMES, DistributedMuon
+from glm5.train.muon_dist import DistributedMuon
 from glm5.train.muon_figures import muon_bytes, muon_params
+from glm5.train.muon_layout import SCHEMES
 
 
 def _rank(rank: int, world: int, port: int, steps: int, queue) -> None:

@@ -208,6 +208,11 @@ class Dist:
             else:
                 apply(model, tp=Single(), ep=group)
         if self.mesh.dp == 1:
+            if self.model_parallel:  # the parameters the plan left whole: the group holds copies of them
+                plan = getattr(model, "glm5_plan", None) or {}
+                for name, p in model.named_parameters():
+                    if name not in plan:
+                        p.glm5_replicas = group
             return
         dp_mesh = self.device_mesh["dp"] if self.two_d else self.device_mesh
         ignored = {p for n, p in model.named_parameters() if ".indexer." in n} if frozen_base else None

@@ -14,7 +14,10 @@ Each Muon parameter takes one of two paths, fixed at construction from its shape
   Newton-Schulz once and sends each rank its slice of the update back (`dist.scatter`). Matrices are
   batched into one gather and one scatter per owner.
 
-Parameters that are not sharded at all (replicated) are updated on every rank, without communication.
+A matrix every rank of a tensor / expert parallel group holds whole (`p.glm5_replicas`, no FSDP: the
+plan's replicated `q_a_proj`, indexer, router, ...) has the same gradient bits on every rank of that
+group: one owner (balanced by cost) orthogonalises it and broadcasts the update, so Newton-Schulz still
+runs once per matrix per step. Parameters replicated with no group named are updated on every rank.
 
 On a 2-D mesh (dp x tp, dp x ep: FSDP2 over the dp ranks of a model the plan split) a parameter's
 Layout spans every rank: a plan slice (`p.glm5_shard`) that FSDP2 shards on dim 0 lies at the plan's
@@ -38,174 +41,26 @@ split-awareness) and split (this optimizer).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor
 
 from glm5.train.muon import MODES, Blocks, Muon, blocks_for, uses_adamw
-
-CATEGORIES = ("per-head", "per-expert", "matrix")
-SCHEMES = ("naive", "owner", "split")
-
-
-# -- where a shard lies --------------------------------------------------------------------------------
-def chunk_ranges(n: int, world: int) -> tuple[tuple[int, int], ...]:
-    """(start, length) of each rank's part of n rows, as torch.chunk (and so FSDP2) splits them."""
-    size = -(-n // world) if n else 0
-    return tuple((min(r * size, n), max(0, min(size, n - r * size))) for r in range(world))
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How one Muon parameter is split: along `dim` of `full_shape`, rank r holding `ranges[r]`
-    (start, length), in process group `group` (None: the default group); with `dim2`, also along that
-    dim, rank r holding `ranges2[r]` of it (a 2-D mesh's box)."""
-
-    full_shape: tuple[int, ...]
-    dim: int
-    ranges: tuple[tuple[int, int], ...]
-    rank: int
-    group: dist.ProcessGroup | None = field(default=None, compare=False)
-    dim2: int | None = None
-    ranges2: tuple[tuple[int, int], ...] | None = None
-
-    @property
-    def world(self) -> int:
-        return len(self.ranges)
-
-    def shape(self, r: int) -> list[int]:
-        """The shape of rank r's part."""
-        shape = list(self.full_shape)
-        shape[self.dim] = self.ranges[r][1]
-        if self.dim2 is not None:
-            shape[self.dim2] = self.ranges2[r][1]
-        return shape
-
-    def box(self, r: int) -> tuple[slice, ...]:
-        """Rank r's part of the full tensor, one slice per dim."""
-        out = [slice(None)] * len(self.full_shape)
-        start, n = self.ranges[r]
-        out[self.dim] = slice(start, start + n)
-        if self.dim2 is not None:
-            start, n = self.ranges2[r]
-            out[self.dim2] = slice(start, start + n)
-        return tuple(out)
-
-    def local_blocks(self, blk: Blocks) -> Blocks | None:
-        """The Blocks of this rank's shard when every rank's shard holds whole blocks, else None."""
-        if self.world == 1:
-            return blk
-        if self.dim != 0 or self.dim2 is not None:
-            return None
-        rows_per_index = math.prod(self.full_shape[1:-1])  # 1 for a matrix, r for stacked [E, r, c]
-        unit = sum(blk.sections)
-        if any((s * rows_per_index) % unit or (n * rows_per_index) % unit for s, n in self.ranges):
-            return None
-        return Blocks(self.ranges[self.rank][1] * rows_per_index // unit, blk.sections)
-
-    def padded_numel(self) -> int:
-        """Elements of the largest shard: what each rank sends on the owner path."""
-        return max(math.prod(self.shape(r)) for r in range(self.world))
-
-
-def category(blk: Blocks, full_shape: Sequence[int]) -> str:
-    if len(full_shape) == 3:
-        return "per-expert"
-    return "per-head" if blk.heads > 1 else "matrix"
-
-
-def ns_cost(blk: Blocks, cols: int) -> int:
-    """Newton-Schulz cost of a Muon parameter, ~ heads * m * n * min(m, n) per section."""
-    return sum(blk.heads * rows * cols * min(rows, cols) for rows in blk.sections)
-
-
-def assign_owners(costs: Sequence[float], world: int) -> list[int]:
-    """Greedy largest-first: each matrix, most expensive first, to the least-loaded rank (lowest on a tie).
-    The same costs give the same owners on every rank."""
-    load = [0.0] * world
-    owners = [0] * len(costs)
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        r = min(range(world), key=lambda r: (load[r], r))
-        owners[i] = r
-        load[r] += costs[i]
-    return owners
-
-
-def _process_group(group) -> dist.ProcessGroup | None:
-    """A glm5.parallel Group (TorchGroup carries `.group`) or a ProcessGroup -> the ProcessGroup."""
-    return getattr(group, "group", group)
-
-
-def _grid(dp_ranks: list[int], model_ranks: list[int]) -> dict[int, tuple[int, int]]:
-    """Global rank -> (dp rank, tp / ep rank) on a 2-D mesh, from this rank's dp group (its column) and
-    tp / ep group (its row): a regular grid, rank = column[d] + row[t] - this rank."""
-    me = set(dp_ranks) & set(model_ranks)
-    if len(me) != 1:
-        raise ValueError(f"groups: a dp group {dp_ranks} and a model group {model_ranks} do not cross once")
-    (me_rank,) = me
-    return {
-        dp_ranks[d] + model_ranks[t] - me_rank: (d, t)
-        for d in range(len(dp_ranks))
-        for t in range(len(model_ranks))
-    }
-
-
-def _layout_2d(p: DTensor, mesh, i: int) -> Layout | None:
-    """A plan slice or a plan-replicated parameter that FSDP2 sharded over the dp ranks: its Layout over
-    every rank of the 2-D mesh (the default group), or None when `p` carries neither mark."""
-    info = getattr(p, "glm5_shard", None)
-    copies = getattr(p, "glm5_replicas", None)
-    if info is None and copies is None:
-        return None
-    model_pg = _process_group(info.group if info is not None else copies)
-    grid = _grid(mesh.mesh.tolist(), dist.get_process_group_ranks(model_pg))
-    world = dist.get_world_size()
-    if sorted(grid) != list(range(world)):
-        raise ValueError(f"mesh: the dp x model grid {sorted(grid)} does not cover the {world} ranks")
-    rows = chunk_ranges(p.shape[0], mesh.size(i))  # FSDP2's chunks of the local (slice) rows
-    if info is None:
-        full, ranges, dim2, ranges2 = tuple(p.shape), [rows[grid[g][0]] for g in range(world)], None, None
-    else:
-        full, n = tuple(info.full_shape), info.full_shape[info.dim] // info.size
-        if info.dim == 0:  # the plan's slice, then FSDP's chunk of it
-            ranges = [(grid[g][1] * n + rows[grid[g][0]][0], rows[grid[g][0]][1]) for g in range(world)]
-            dim2, ranges2 = None, None
-        else:
-            ranges = [rows[grid[g][0]] for g in range(world)]
-            dim2, ranges2 = info.dim, tuple((grid[g][1] * n, n) for g in range(world))
-    return Layout(full, 0, tuple(ranges), dist.get_rank(), None, dim2, ranges2)
-
-
-def layout_of(p: torch.Tensor) -> Layout | None:
-    """The Layout of a sharded parameter: an FSDP2 / DTensor `Shard(0)` over one mesh dimension (others
-    replicated), or a tensor / expert parallel shard carrying `p.glm5_shard`, or both on a 2-D mesh
-    (module docstring); None when replicated."""
-    if isinstance(p, DTensor):
-        sharded = [i for i, pl in enumerate(p.placements) if not isinstance(pl, Replicate)]
-        if not sharded:
-            return None
-        pl = p.placements[sharded[0]]
-        if len(sharded) > 1 or not isinstance(pl, Shard) or pl.dim != 0:
-            raise ValueError(
-                f"placements: expected Shard(0) on one mesh dimension, got {p.placements} "
-                f"(a parameter of shape {tuple(p.shape)})"
-            )
-        mesh, i = p.device_mesh, sharded[0]
-        two_d = _layout_2d(p, mesh, i)
-        if two_d is not None:
-            return two_d
-        ranges = chunk_ranges(p.shape[0], mesh.size(i))
-        return Layout(tuple(p.shape), 0, ranges, mesh.get_local_rank(i), mesh.get_group(i))
-    info = getattr(p, "glm5_shard", None)
-    if info is None:
-        return None
-    n = info.full_shape[info.dim] // info.size
-    ranges = tuple((r * n, n) for r in range(info.size))
-    return Layout(tuple(info.full_shape), info.dim, ranges, info.rank, _process_group(info.group))
+from glm5.train.muon_layout import (
+    CATEGORIES,
+    Layout,
+    assign_owners,
+    category,
+    layout_of,
+    ns_cost,
+    pad_shard,
+    process_group_of,
+    unpad_shard,
+)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -237,6 +92,8 @@ class _Entry:
     layout: Layout | None
     local_blk: Blocks | None  # set: updated on the shard (or replicated); None: the owner path
     owner: int = -1
+    copies: object = None  # the process group holding whole copies (the broadcast path), else None
+    shape: tuple[int, ...] = ()  # the whole copy's shape (the broadcast path)
 
 
 class DistributedMuon(Muon):
@@ -274,12 +131,25 @@ class DistributedMuon(Muon):
         self.last_step_bytes = Traffic()
         self._entries: dict[int, _Entry] = {}
         owner_path: dict[object, list[_Entry]] = {}
+        replica_path: dict[object, list[_Entry]] = {}
         for group in self.param_groups:
             for p, blk in zip(group["params"], group["blocks"], strict=True):
                 lay = layout_of(p)
                 full = lay.full_shape if lay else tuple(p.shape)
                 if len(full) < 2 or blk.heads * sum(blk.sections) != math.prod(full[:-1]):
                     raise ValueError(f"blocks: {blk} does not tile a parameter of shape {full}")
+                copies = None if isinstance(p, DTensor) else getattr(p, "glm5_replicas", None)
+                if lay is None and copies is not None and copies.size > 1:  # one owner, broadcast
+                    entry = _Entry(
+                        blk,
+                        None,
+                        None,
+                        copies=process_group_of(copies) or dist.group.WORLD,
+                        shape=tuple(p.shape),
+                    )
+                    replica_path.setdefault(entry.copies, []).append(entry)
+                    self._entries[id(p)] = entry
+                    continue
                 if lay is None:  # replicated: updated on every rank
                     local_blk = blk
                 else:
@@ -292,6 +162,10 @@ class DistributedMuon(Muon):
             costs = [ns_cost(e.blk, e.layout.full_shape[-1]) for e in entries]
             for e, owner in zip(entries, assign_owners(costs, entries[0].layout.world), strict=True):
                 e.owner = owner
+        for pg, entries in replica_path.items():
+            costs = [ns_cost(e.blk, e.shape[-1]) for e in entries]
+            for e, owner in zip(entries, assign_owners(costs, dist.get_world_size(pg)), strict=True):
+                e.owner = owner
 
     def entry(self, p: torch.Tensor) -> _Entry:
         return self._entries[id(p)]
@@ -300,6 +174,13 @@ class DistributedMuon(Muon):
         """The bytes `step` moves on this rank when every parameter has a gradient (from the layouts)."""
         t = Traffic()
         for e in self._entries.values():
+            if e.copies is not None:  # the owner broadcasts the whole update
+                n = math.prod(e.shape) * self._element_size
+                world = dist.get_world_size(e.copies)
+                owner = dist.get_rank(e.copies) == e.owner
+                cat = category(e.blk, e.shape)
+                (t.sent if owner else t.received)[cat] += n * (world - 1) if owner else n
+                continue
             if e.local_blk is not None:
                 continue
             lay = e.layout
@@ -327,6 +208,7 @@ class DistributedMuon(Muon):
                 loss = closure()
         self.last_step_bytes = Traffic()
         pending: dict[tuple, list] = {}  # (group, dtype) -> [(entry, local param, u, lr, ns_steps)]
+        replicas: dict[tuple, list] = {}  # the same, for whole copies on every rank of a group
         for group in self.param_groups:
             lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
             for p, _ in zip(group["params"], group["blocks"], strict=True):
@@ -340,14 +222,43 @@ class DistributedMuon(Muon):
                 u = g.lerp(buf, mom) if group["nesterov"] else buf
                 w.mul_(1 - lr * wd)
                 e = self._entries[id(p)]
-                if e.local_blk is not None:
+                if e.copies is not None:
+                    replicas.setdefault((e.copies, u.dtype), []).append((e, w, u, lr, group["ns_steps"]))
+                elif e.local_blk is not None:
                     if w.numel():
                         w.add_(self._orthogonalise(u, e.local_blk, group["ns_steps"]), alpha=-lr)
                 else:
                     pending.setdefault((e.layout.group, u.dtype), []).append((e, w, u, lr, group["ns_steps"]))
         for items in pending.values():
             self._owner_exchange(items)
+        for items in replicas.values():
+            self._broadcast_updates(items)
         return loss
+
+    def _broadcast_updates(self, items: list) -> None:
+        """Whole copies on every rank of a group: each owner orthogonalises its matrices and broadcasts
+        the updates (one broadcast per owner)."""
+        pg = items[0][0].copies
+        rank, world = dist.get_rank(pg), dist.get_world_size(pg)
+        for owner in range(world):
+            mine = [it for it in items if it[0].owner == owner]
+            if not mine:
+                continue
+            if rank == owner:
+                flat = torch.cat([self._orthogonalise(u, e.blk, ns).reshape(-1) for e, _, u, _, ns in mine])
+            else:
+                flat = mine[0][2].new_empty(sum(it[2].numel() for it in mine))
+            dist.broadcast(flat, group=pg, group_src=owner)
+            for (e, w, u, lr, _), upd in zip(
+                mine, torch.split(flat, [it[2].numel() for it in mine]), strict=True
+            ):
+                w.add_(upd.view_as(u), alpha=-lr)
+                cat = category(e.blk, tuple(u.shape))
+                n = upd.numel() * upd.element_size()
+                if rank == owner:
+                    self.last_step_bytes.sent[cat] += n * (world - 1)
+                else:
+                    self.last_step_bytes.received[cat] += n
 
     def _owner_exchange(self, items: list) -> None:
         """Gather each owner's matrices to it, orthogonalise them there, scatter the slices back."""
@@ -358,7 +269,7 @@ class DistributedMuon(Muon):
             if not mine:
                 continue
             sizes = [it[0].layout.padded_numel() for it in mine]
-            send = torch.cat([_pad(it[0].layout, it[2]) for it in mine])
+            send = torch.cat([pad_shard(it[0].layout, it[2]) for it in mine])
             parts = [torch.empty_like(send) for _ in range(world)] if rank == owner else None
             dist.gather(send, parts, group=pg, group_dst=owner)
             self._count(mine, sizes, send.element_size(), world, to_owner=True, owner=rank == owner)
@@ -370,16 +281,16 @@ class DistributedMuon(Muon):
                     lay = e.layout
                     full = pieces[0][k].new_empty(lay.full_shape)
                     for r in range(world):  # copies of one part (2-D mesh) hold the same bits
-                        full[lay.box(r)] = _unpad(lay, pieces[r][k], r)
+                        full[lay.box(r)] = unpad_shard(lay, pieces[r][k], r)
                     upd = self._orthogonalise(full, e.blk, ns_steps)
-                    updates.append([_pad(lay, upd[lay.box(r)]) for r in range(world)])
+                    updates.append([pad_shard(lay, upd[lay.box(r)]) for r in range(world)])
                 scatter = [torch.cat([u[r] for u in updates]) for r in range(world)]
             else:
                 scatter = None
             dist.scatter(out, scatter, group=pg, group_src=owner)
             self._count(mine, sizes, out.element_size(), world, to_owner=False, owner=rank == owner)
             for (e, w, _, lr, _), piece in zip(mine, torch.split(out, sizes), strict=True):
-                w.add_(_unpad(e.layout, piece, rank), alpha=-lr)
+                w.add_(unpad_shard(e.layout, piece, rank), alpha=-lr)
 
     def _count(
         self, mine: list, sizes: list[int], esize: int, world: int, to_owner: bool, owner: bool
@@ -391,19 +302,6 @@ class DistributedMuon(Muon):
             cat = category(e.blk, e.layout.full_shape)
             b = n * esize * (world - 1 if owner else 1)
             (self.last_step_bytes.received if receiving else self.last_step_bytes.sent)[cat] += b
-
-
-def _pad(lay: Layout, t: torch.Tensor) -> torch.Tensor:
-    """A shard flattened and zero-padded to the largest shard's size."""
-    flat = t.contiguous().view(-1)
-    need = lay.padded_numel() - flat.numel()
-    return flat if need == 0 else torch.cat([flat, flat.new_zeros(need)])
-
-
-def _unpad(lay: Layout, flat: torch.Tensor, rank: int) -> torch.Tensor:
-    """Rank `rank`'s shard back from its padded flat form."""
-    shape = lay.shape(rank)
-    return flat[: math.prod(shape)].view(shape)
 
 
 # -- building the optimizers ---------------------------------------------------------------------------

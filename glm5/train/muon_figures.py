@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from glm5.train.muon import Blocks, blocks_for, uses_adamw
-from glm5.train.muon_dist import CATEGORIES, SCHEMES, Layout, category, chunk_ranges
+from glm5.train.muon_layout import CATEGORIES, SCHEMES, Layout, category, chunk_ranges
 
 
 def muon_params(config, mode: str = "muon-split") -> list[tuple[str, tuple[int, ...], Blocks]]:

@@ -21,7 +21,7 @@ from glm5.train.distributed import Dist, full, state_bytes
 from glm5.train.loop import TrainConfig, Trainer
 from glm5.train.mesh import Mesh
 from glm5.train.muon import build_optimizers
-from glm5.train.muon_dist import chunk_ranges
+from glm5.train.muon_layout import chunk_ranges
 from tests.glm5.train._dist import spawn
 from tests.glm5.train.test_dist_fsdp import BATCH, _ids, _model, _objective
 

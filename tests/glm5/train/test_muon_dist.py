@@ -13,15 +13,9 @@ from torch import nn
 import glm5.train.muon as muon_mod
 from glm5.config import GLM5Config
 from glm5.train.muon import Blocks, Muon, build_optimizers
-from glm5.train.muon_dist import (
-    SCHEMES,
-    DistributedMuon,
-    Layout,
-    assign_owners,
-    build_distributed_optimizers,
-    chunk_ranges,
-)
+from glm5.train.muon_dist import DistributedMuon, build_distributed_optimizers
 from glm5.train.muon_figures import muon_bytes, muon_params
+from glm5.train.muon_layout import SCHEMES, Layout, assign_owners, chunk_ranges
 from tests.glm5._util import make_model
 from tests.ranks import run_ranks
 
@@ -291,6 +285,9 @@ def _plan_steps(rank: int, world: int) -> dict:
     ref_opt = build_optimizers(ref, "muon-split", LR, WD)[0]
     model = make_model(0)
     apply(model, tp=TorchGroup(), ep=TorchGroup())
+    for name, p in model.named_parameters():  # what Dist.shard marks: the group holds whole copies
+        if name not in model.glm5_plan:
+            p.glm5_replicas = TorchGroup()
     opt = build_distributed_optimizers(model, "muon-split", LR, WD)[0]
     names = {id(p): n for n, p in model.named_parameters()}
     ref_by_name = dict(ref.named_parameters())
@@ -312,7 +309,15 @@ def _plan_steps(rank: int, world: int) -> dict:
             if not torch.equal(want, p.detach()):
                 bad.append(f"step {step} {names[id(p)]}")
             kinds.add(info.kind if info else "replicated")
-    return {"bad": bad, "kinds": sorted(kinds), "bytes": opt.last_step_bytes, "planned": opt.planned_bytes()}
+    ref_matrices = 2 * sum(b.heads * len(b.sections) for b in ref_opt.param_groups[0]["blocks"])
+    return {
+        "bad": bad,
+        "kinds": sorted(kinds),
+        "bytes": opt.last_step_bytes,
+        "planned": opt.planned_bytes(),
+        "ns_matrices": opt.ns_matrices,
+        "ref_matrices": ref_matrices,
+    }
 
 
 def _local(p):
@@ -348,3 +353,6 @@ def test_two_ranks_fsdp2_and_tensor_parallel_bitwise_bytes_and_one_newton_schulz
         assert plan["bytes"] == plan["planned"]
         assert plan["bytes"].received["per-head"] == plan["bytes"].received["per-expert"] == 0
         assert plan["bytes"].received["matrix"] > 0
+    # whole copies (q_a_proj, the indexer, the router, ...) are orthogonalised by one owner and broadcast:
+    # over both ranks and two steps, each matrix of the 1-process Muon exactly once per step
+    assert sum(res["plan"]["ns_matrices"] for res in results) == results[0]["plan"]["ref_matrices"]
