@@ -4,11 +4,14 @@ continues the same run; export-hf / import-hf round trip; refusals."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,3 +152,39 @@ def test_export_hf_and_import_hf_round_trip_and_refuse_to_overwrite(straight, tm
     res = runner.invoke(main, ["checkpoint", "import-hf", str(quantized), str(tmp_path / "z")])
     assert res.exit_code == 2 and "is a quantized checkpoint" in res.output, res.output
     assert not any((tmp_path / n).exists() for n in "xyz")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc; torchrun's workers may sit in sessions of their own)."""
+    try:
+        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+    return kids + [d for k in kids for d in _descendants(k)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the ranks through Linux /proc")
+def test_a_two_rank_run_killed_mid_way_resumes_bit_exactly(straight, tmp_path):
+    """SIGKILL to the launcher and both ranks once the step-2 checkpoint is published, while the run goes
+    on to step 3: the resume (the dead run's lock, staging and metrics past the checkpoint recovered)
+    ends bitwise where the uninterrupted run ended."""
+    out = tmp_path / "killed"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "glm5.cli", "train", "--nproc", "2", "--out", str(out), *ARGS]
+    proc = subprocess.Popen(
+        [*cmd, "--steps", "4"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 240
+    while not (out / "checkpoints" / "step-000002").is_dir():
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "no step-2 checkpoint within 240 s"
+        time.sleep(0.01)
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not (out / "checkpoints" / "step-000004").exists(), "the run saved step 4 before it was killed"
+    _train(out, "--steps", "4", "--resume")
+    assert _records(out) == _records(straight)
+    a, b = _shards(straight / "checkpoints" / "latest"), _shards(out / "checkpoints" / "latest")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
