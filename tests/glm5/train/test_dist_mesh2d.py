@@ -118,6 +118,18 @@ def _worker(rank: int, world: int, out: str) -> None:
     # 20 steps that train
     long = dataclasses.replace(CFG, steps=20, eval_every=20, save_every=20)
     Trainer(long, f"{out}/long", mesh=MESH).run(progress=False)
+    # dp=4 on the same 4 processes: each rank's parameter + optimizer bytes after one step
+    model = _model()
+    d4 = Dist.setup(Mesh(dp=world), 3, torch.device("cpu"))
+    d4.shard(model)
+    _objective(model, d4.local_batch(ids)).backward()
+    opts = d4.optimizers(model, "muon-split", 1e-3, 0.1)
+    for o in opts:
+        o.step()
+    dp4 = [None] * world
+    dist.all_gather_object(dp4, state_bytes(model, opts))
+    if rank == 0:
+        Path(f"{out}/dp4_bytes.json").write_text(json.dumps(dp4))
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +215,15 @@ def test_a_20_step_dp2_tp2_run_trains(mesh2d):
     first, last = sum(r["lm_loss"] for r in recs[:3]) / 3, sum(r["lm_loss"] for r in recs[-3:]) / 3
     print(f"dp2 x tp2: lm loss {first:.3f} -> {last:.3f}")
     assert last < first - 0.3 and summary["final_eval_loss"] < summary["init_eval_loss"] - 0.3
+
+
+def test_dp4_each_rank_holds_a_quarter_of_the_parameter_and_optimizer_bytes(mesh2d):
+    model = _model()
+    opts = build_optimizers(model, "muon-split", 1e-3, 0.1)
+    _objective(model, _ids()).backward()
+    for o in opts:
+        o.step()
+    whole = state_bytes(model, opts)
+    per_rank = json.loads((mesh2d / "dp4_bytes.json").read_text())
+    print(f"dp=4: parameter + optimizer bytes per rank {per_rank} of {whole}")
+    assert all(abs(b / whole - 0.25) < 0.01 for b in per_rank)
