@@ -14,7 +14,7 @@ AdamW takes the embedding, the output head, norms and biases (every parameter wi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -147,8 +147,13 @@ def build_optimizers(
     weight_decay: float = 0.1,
     betas: tuple[float, float] = (0.9, 0.95),
     momentum: float = 0.95,
+    muon_cls: type[Muon] | None = None,
+    full_shape: Callable[[torch.Tensor], tuple[int, ...]] | None = None,
 ) -> list[torch.optim.Optimizer]:
-    """[Muon, AdamW] (or [AdamW] for mode 'adamw') over the trainable parameters of a GLM-5 model."""
+    """[Muon, AdamW] (or [AdamW] for mode 'adamw') over the trainable parameters of a GLM-5 model.
+
+    A sharded model passes its Muon (`muon_cls`, e.g. DistributedMuon) and `full_shape`, the shape of
+    the whole parameter a shard belongs to: the Blocks views are of whole parameters."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     muon_p, muon_b, adam_p = [], [], []
@@ -160,12 +165,13 @@ def build_optimizers(
         if mode == "adamw" or uses_adamw(name, p):
             adam_p.append(p)
         else:
+            whole = p if full_shape is None else torch.empty(full_shape(p), device="meta")
             muon_p.append(p)
-            muon_b.append(blocks_for(name, p, model.config, split=mode == "muon-split"))
+            muon_b.append(blocks_for(name, whole, model.config, split=mode == "muon-split"))
     opts: list[torch.optim.Optimizer] = []
     if muon_p:
         opts.append(
-            Muon(
+            (muon_cls or Muon)(
                 [{"params": muon_p, "blocks": muon_b}],
                 lr=lr,
                 momentum=momentum,

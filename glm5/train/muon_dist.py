@@ -49,7 +49,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from glm5.train.muon import MODES, Blocks, Muon, blocks_for, uses_adamw
+from glm5.train.muon import Blocks, Muon, build_optimizers
 from glm5.train.muon_layout import (
     CATEGORIES,
     Layout,
@@ -320,27 +320,6 @@ def build_distributed_optimizers(
 ) -> list[torch.optim.Optimizer]:
     """`build_optimizers` for a sharded GLM-5 (FSDP2 and / or glm5.parallel.plan): [DistributedMuon,
     AdamW] (or [AdamW] for mode 'adamw'). AdamW is elementwise, so torch's runs on the shards as is."""
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    muon_p, muon_b, adam_p = [], [], []
-    seen: set[int] = set()
-    for name, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        if mode == "adamw" or uses_adamw(name, p):
-            adam_p.append(p)
-        else:
-            full = torch.empty(_full_shape(p), device="meta")
-            muon_p.append(p)
-            muon_b.append(blocks_for(name, full, model.config, split=mode == "muon-split"))
-    opts: list[torch.optim.Optimizer] = []
-    if muon_p:
-        opts.append(
-            DistributedMuon(
-                [{"params": muon_p, "blocks": muon_b}], lr=lr, momentum=momentum, weight_decay=weight_decay
-            )
-        )
-    if adam_p:
-        opts.append(torch.optim.AdamW(adam_p, lr=lr, betas=betas, weight_decay=weight_decay, foreach=False))
-    return opts
+    return build_optimizers(
+        model, mode, lr, weight_decay, betas, momentum, muon_cls=DistributedMuon, full_shape=_full_shape
+    )
