@@ -46,6 +46,15 @@ class Single:
         return x
 
 
+def sum_in_rank_order(parts) -> torch.Tensor:
+    """parts[0] + parts[1] + ... in that order (a new tensor): the fixed-order sum every host's
+    `all_reduce` gives, so every rank gets the same bits whatever its communicator would do."""
+    out = parts[0].clone()
+    for p in parts[1:]:
+        out += p
+    return out
+
+
 class TorchGroup:
     """A torch.distributed process group (gloo, nccl, hccl) as a `Group`.
 
@@ -65,10 +74,7 @@ class TorchGroup:
             return x
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
-        out = parts[0].clone()
-        for p in parts[1:]:
-            out += p
-        return out
+        return sum_in_rank_order(parts)
 
     def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         if self.size == 1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from glm5.parallel.group import Group
+from glm5.parallel.group import Group, sum_in_rank_order
 
 
 class VllmGroup:
@@ -35,11 +35,7 @@ class VllmGroup:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x
-        parts = self.coordinator.all_gather(x.contiguous().unsqueeze(0), 0)
-        out = parts[0].clone()
-        for p in parts[1:]:
-            out += p
-        return out
+        return sum_in_rank_order(self.coordinator.all_gather(x.contiguous().unsqueeze(0), 0))
 
 
 def groups(parallel_config) -> tuple[Group | None, Group | None]:
