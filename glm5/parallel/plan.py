@@ -208,7 +208,8 @@ class ExpertParallel(nn.Module):
     routed to its experts and leaves the others zero; the per-slot outputs are then summed over the
     group. Each slot has exactly one non-zero term, so that sum is exact, and the weighted sum over the
     slots that follows is `moe.combine`'s: the result equals the unsplit layer's bits whenever each
-    expert row does (SPEC 2.8: grouped_matmul rows do not depend on their order). Slots routed elsewhere
+    expert row does: a backend whose grouped_matmul claims `batch_invariant` (SPEC 11; local expert 0
+    gets more rows here than unsplit, and SPEC 2.8 frees only the rows' order). Slots routed elsewhere
     are computed on local expert 0 and masked: the drop costs compute, never a host read or a
     data-dependent shape; a backend that skips rows past the last offset would remove it.
     """

@@ -68,11 +68,18 @@ def test_tensor_and_expert_parallel_match_the_unsplit_model(backend):
     ref_logits, ref_loss, ref_topk, ref_grads = _forward_and_grads(_model(backend))
     results = run_ranks(_layouts_rank, 2, backend)
     # expert parallel alone (attention unsplit): each (token, slot) output has one owner, so the sum over
-    # ranks is exact and the logits are the unsplit model's bits
+    # ranks is exact and the logits are the unsplit model's bits wherever a grouped_matmul row does not
+    # depend on how many rows its expert has (the backend's batch_invariant claim); the cpu backend's
+    # float GEMMs block by the rows of each expert, so there only a tolerance follows by construction
     with torch.no_grad():
-        unsplit = _model(backend)(_ids()).logits
+        model = _model(backend)
+        unsplit = model(_ids()).logits
+    exact = model.backend.capabilities("grouped_matmul").batch_invariant
     for r in results:
-        assert torch.equal(r["ep"], unsplit)
+        if exact:
+            assert torch.equal(r["ep"], unsplit)
+        else:
+            torch.testing.assert_close(r["ep"], unsplit, rtol=1e-5, atol=1e-5)
     for layout in ("tp", "tp+ep"):
         ranks = [r[layout] for r in results]
         for logits, loss, topk, grads, shards in ranks:
