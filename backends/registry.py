@@ -82,15 +82,43 @@ def _plugin_entry_points() -> list[metadata.EntryPoint]:
     return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
-def _load_plugin(ep: metadata.EntryPoint) -> _Entry:
-    dist = ep.dist.name if ep.dist is not None else "?"
-    source = f"plugin {dist} ({ep.value})"
-    if ep.name in BUILTIN:
-        return _Entry(ep.name, source, None, f"plugin name {ep.name!r} collides with a built-in backend")
+def _plugin_source(ep: metadata.EntryPoint) -> str:
+    return f"plugin {ep.dist.name if ep.dist is not None else '?'} ({ep.value})"
+
+
+def _plugins_named(name: str) -> list[metadata.EntryPoint]:
+    """The plugin entry points called `name`, each installed distribution once (a package on sys.path
+    twice is one plugin, not a collision)."""
+    seen: dict[str, metadata.EntryPoint] = {}
+    for ep in _plugin_entry_points():
+        if ep.name == name:
+            seen.setdefault(_plugin_source(ep), ep)
+    return list(seen.values())
+
+
+def _load_plugin(eps: list[metadata.EntryPoint]) -> _Entry:
+    """The plugin backend `eps[0].name`; an error entry naming every source if more than one claims it."""
+    name, source = eps[0].name, " and ".join(_plugin_source(ep) for ep in eps)
+    if len(eps) > 1:
+        return _Entry(name, source, None, "more than one plugin claims this name: uninstall one of them")
     try:
-        return _Entry(ep.name, source, _instantiate(ep.load(), ep.name), None)
+        return _Entry(name, source, _instantiate(eps[0].load(), name), None)
     except Exception as exc:
-        return _Entry(ep.name, source, None, _describe(exc))
+        return _Entry(name, source, None, _describe(exc))
+
+
+def _refused() -> list[tuple[str, bool, str]]:
+    """A row per plugin that takes a built-in's name: refused (the built-in keeps the name), and said so."""
+    return [
+        (
+            f"{ep.name} [{_plugin_source(ep)}]",
+            False,
+            f"refused: {_plugin_source(ep)} takes the name of the built-in backend {ep.name!r} "
+            f"({BUILTIN[ep.name]}); rename its entry point",
+        )
+        for ep in _plugin_entry_points()
+        if ep.name in BUILTIN
+    ]
 
 
 def _entries() -> dict[str, _Entry]:
@@ -98,15 +126,14 @@ def _entries() -> dict[str, _Entry]:
     for name in BUILTIN:
         _entry(name)
     for ep in _plugin_entry_points():
-        if ep.name not in BUILTIN:  # a plugin cannot replace a built-in backend
-            _entry(ep.name, ep)
+        if ep.name not in BUILTIN:  # a plugin cannot replace a built-in backend (`_refused` reports it)
+            _entry(ep.name)
     return _cache
 
 
-def _entry(name: str, ep: metadata.EntryPoint | None = None) -> _Entry | None:
-    """The entry called `name` (a plugin's entry point `ep` if the caller has it), building only that
-    backend (never the others: on an Atlas host building `ascend` imports torch_npu, which `get("cpu")`
-    must not pay for); None if no backend has that name."""
+def _entry(name: str) -> _Entry | None:
+    """The entry called `name`, building only that backend (never the others: on an Atlas host building
+    `ascend` imports torch_npu, which `get("cpu")` must not pay for); None if no backend has that name."""
     e = _cache.get(name)
     if e is not None:
         return e  # built: no lock on the hot path
@@ -116,10 +143,10 @@ def _entry(name: str, ep: metadata.EntryPoint | None = None) -> _Entry | None:
             if name in BUILTIN:
                 e = _load_builtin(name)
             else:
-                ep = ep or next((p for p in _plugin_entry_points() if p.name == name), None)
-                if ep is None:
+                eps = _plugins_named(name)
+                if not eps:
                     return None
-                e = _load_plugin(ep)
+                e = _load_plugin(eps)
             _cache[name] = e
     return e
 
@@ -131,7 +158,8 @@ def refresh() -> None:
 
 
 def available() -> list[tuple[str, bool, str]]:
-    """Every known backend as (name, ok, reason): built-ins first, then plugins."""
+    """Every known backend as (name, ok, reason): built-ins first, then plugins, then a row per plugin
+    refused for taking a built-in's name."""
     out = []
     for name, e in _entries().items():
         if e.backend is None:
@@ -139,7 +167,7 @@ def available() -> list[tuple[str, bool, str]]:
         else:
             ok, reason = e.backend.available()
             out.append((name, ok, reason if e.source == "builtin" else f"{reason} [{e.source}]"))
-    return out
+    return out + _refused()
 
 
 def loaded(name: str) -> Backend | None:
@@ -158,7 +186,7 @@ def get(name: str | None = None) -> Backend:
     name = name or os.environ.get("GLM5_BACKEND") or DEFAULT_BACKEND
     e = _entry(name)
     if e is None:
-        known = [*BUILTIN, *(ep.name for ep in _plugin_entry_points() if ep.name not in BUILTIN)]
+        known = list(dict.fromkeys([*BUILTIN, *(ep.name for ep in _plugin_entry_points())]))
         raise BackendUnavailable(f"unknown backend {name!r}; known: {', '.join(known)}")
     if e.backend is None:
         raise BackendUnavailable(f"backend {name!r} failed to load [{e.source}]: {e.error}")
