@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from backends.cache_layout import MLAPools
+from backends.formats import unpack_int4
 from backends.layout import SeqLayout
 
 
@@ -144,14 +145,6 @@ def pack_int4_along_n(w: torch.Tensor) -> torch.Tensor:
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
-def unpack_int4_along_k(w_packed: torch.Tensor) -> torch.Tensor:
-    """The contract's uint8 [..., N, K//2] (w[n, 2i] low nibble) -> int8 [..., N, K]."""
-    lo = (w_packed & 0x0F).to(torch.int8)
-    hi = (w_packed >> 4).to(torch.int8)
-    w = torch.stack([lo, hi], dim=-1).flatten(-2)
-    return torch.where(w >= 8, w - 16, w)
-
-
 def repack_w4_for_npu(
     w_packed: torch.Tensor, w_scale: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -162,7 +155,7 @@ def repack_w4_for_npu(
      scale_bias fp32 [E, N8] = 8 * sum_k w * scale (the cube's int4-split offset), N8 = N rounded up to 8).
     Padded output channels have zero weights and zero scale and are sliced off by the caller.
     """
-    w = unpack_int4_along_k(w_packed)  # [E, N, K] int8
+    w = unpack_int4(w_packed)  # [E, N, K] int8
     e, n, k = w.shape
     n8 = -(-n // 8) * 8
     if n8 != n:

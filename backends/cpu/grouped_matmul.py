@@ -13,8 +13,9 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.cpu._intmm import PATH, int_matmul
-from backends.cpu.w4a8_matmul import grouped_sum, unpack_int4
+from backends.cpu.w4a8_matmul import grouped_sum
 from backends.cpu.w8a8_matmul import epilogue
+from backends.formats import unpack_int4
 from backends.ops import FLOATS
 
 

@@ -8,14 +8,8 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.cpu._intmm import PATH, int_matmul
+from backends.formats import unpack_int4
 from backends.ops import FLOATS
-
-
-def unpack_int4(w_packed: torch.Tensor) -> torch.Tensor:
-    """uint8 [..., K//2] -> int8 [..., K] in [-8, 7] (low nibble first)."""
-    lo = (w_packed << 4).view(torch.int8) >> 4  # sign-extends the low nibble
-    hi = w_packed.view(torch.int8) >> 4
-    return torch.stack([lo, hi], dim=-1).flatten(-2)
 
 
 def grouped_sum(x_q: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, group_size: int) -> torch.Tensor:
