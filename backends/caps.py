@@ -36,6 +36,8 @@ class OpCaps:
     batch_invariant: a row's result does not depend on the other rows of the batch (bitwise).
     tie_rule: "lower_index" (SPEC 2.3 holds bitwise) or "none" (weaker contract); None if the op has no ties.
     differentiable: backward is implemented (tested through autograd).
+    layout_invariant: runs the layout-invariant mode of SPEC 12 (exact products, fixed trees and formulas
+      while `backends.reference.invariant.active()`); the mode refuses a backend whose op lacks it.
     """
 
     dtypes: tuple[str, ...]
@@ -46,6 +48,7 @@ class OpCaps:
     batch_invariant: bool = True
     tie_rule: str | None = None
     differentiable: bool = False
+    layout_invariant: bool = False
     notes: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -199,5 +199,6 @@ IMPL = OpImpl(
         run_to_run=True,
         batch_invariant=True,
         tie_rule="lower_index",
+        layout_invariant=True,  # its logits are score_block's, exact in the mode
     ),
 )

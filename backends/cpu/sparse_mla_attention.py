@@ -20,6 +20,8 @@ from backends.cpu._parallel import run_blocks
 from backends.cpu._workspace import buffer
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
+from backends.reference import invariant
+from backends.reference import sparse_mla_attention as reference
 
 # Bound the gathered [tq, topk, d_qk] keys (elements): 4M fp32 = 16 MiB, a few queries at topk 2048.
 GATHER_ELEMS = 1 << 22
@@ -101,6 +103,8 @@ def sparse_mla_attention(
     Returns (out [T, H, d_v] dtype of q, lse [T, H] float32, or None if not return_lse).
     Differentiable in q and kv_cache. Semantics: backends/reference/sparse_mla_attention.py (SPEC 2.4)
     """
+    if invariant.active():  # SPEC 12: the reference's exact products and fixed trees
+        return reference.sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse)
     t, h, d_qk = q.shape
     n = indices.shape[1]
     out = torch.zeros(t, h, d_v)  # rows of requests with no keys stay 0, their lse -inf
@@ -151,7 +155,14 @@ def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Ten
 
 IMPL = OpImpl(
     sparse_mla_attention,
-    OpCaps(FLOATS, ("ragged", "paged"), run_to_run=True, batch_invariant=True, differentiable=True),
+    OpCaps(
+        FLOATS,
+        ("ragged", "paged"),
+        run_to_run=True,
+        batch_invariant=True,
+        differentiable=True,
+        layout_invariant=True,
+    ),
     backward=backward,
     backward_forces={"return_lse": True},
 )

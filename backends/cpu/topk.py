@@ -46,5 +46,6 @@ IMPL = OpImpl(
         run_to_run=True,
         batch_invariant=True,
         tie_rule="lower_index",
+        layout_invariant=True,  # comparisons only
     ),
 )

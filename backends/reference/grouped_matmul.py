@@ -20,6 +20,7 @@ import torch
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.ops import FLOATS
+from backends.reference import invariant
 from backends.reference.w4a8_matmul import w4a8_matmul
 from backends.reference.w8a8_matmul import w8a8_matmul
 
@@ -42,7 +43,9 @@ def grouped_matmul(
         r = slice(offs[e], offs[e + 1])
         if offs[e] == offs[e + 1]:
             continue
-        if x.dtype.is_floating_point:
+        if x.dtype.is_floating_point and invariant.active():
+            out[r] = invariant.exact_matmul(x[r], w[e].T, out_dtype)
+        elif x.dtype.is_floating_point:
             # fp64 so that a row does not depend on how many rows share its expert (an fp32 BLAS GEMM
             # blocks by M, which changes the low bits: the contract says token order changes no row)
             out[r] = (x[r].double() @ w[e].double().T).to(out_dtype)
@@ -70,4 +73,8 @@ def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Ten
     return dx.to(x.dtype), dw.to(w.dtype)
 
 
-IMPL = OpImpl(grouped_matmul, OpCaps(FLOATS + ("w8a8", "w4a8"), differentiable=True), backward=backward)
+IMPL = OpImpl(
+    grouped_matmul,
+    OpCaps(FLOATS + ("w8a8", "w4a8"), differentiable=True, layout_invariant=True),
+    backward=backward,
+)

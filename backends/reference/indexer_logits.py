@@ -18,6 +18,7 @@ from backends.counters import reference_op
 from backends.intra_op import one_thread
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
+from backends.reference import invariant
 from backends.reference._cache import causal_counts, keys_at, keys_of_request
 
 # Bound the [tq, H_I, S] fp32 intermediate (elements).
@@ -41,6 +42,9 @@ def score_block(
     preallocated buffers (same calls, same bits, fewer page faults).
     """
     tq, h, d = q.shape
+    if invariant.active():  # exact products: the bits of any block, head count or CPU
+        dots = invariant.exact_matmul(q.float().reshape(tq * h, d), keys.float().T).relu_()
+        return invariant.exact_matmul(weights.float()[:, None, :], dots.view(tq, h, -1))[:, 0]
     with one_thread():
         dots = torch.mm(q.float().reshape(tq * h, d), keys.float().T, out=dots)  # [tq * H_I, s]
         dots.relu_()
@@ -96,4 +100,8 @@ def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Ten
     return dq.to(q.dtype), dflat.view(k_cache.shape).to(k_cache.dtype), dw.to(weights.dtype)
 
 
-IMPL = OpImpl(indexer_logits, OpCaps(FLOATS, ("ragged", "paged"), differentiable=True), backward=backward)
+IMPL = OpImpl(
+    indexer_logits,
+    OpCaps(FLOATS, ("ragged", "paged"), differentiable=True, layout_invariant=True),
+    backward=backward,
+)

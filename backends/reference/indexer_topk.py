@@ -68,4 +68,6 @@ def _block_topk(q, keys, weights, visible, topk) -> torch.Tensor:
     return torch.nn.functional.pad(res, (0, topk - res.shape[1]), value=-1)
 
 
-IMPL = OpImpl(indexer_topk, OpCaps(FLOATS, ("ragged", "paged"), tie_rule="lower_index"))
+IMPL = OpImpl(
+    indexer_topk, OpCaps(FLOATS, ("ragged", "paged"), tie_rule="lower_index", layout_invariant=True)
+)

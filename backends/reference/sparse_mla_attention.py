@@ -20,6 +20,7 @@ from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
+from backends.reference import invariant
 from backends.reference._cache import gather_rows, keys_at
 
 # Bound the gathered [tq, topk, d_qk] fp32 keys (elements).
@@ -39,6 +40,11 @@ def sparse_mla_attention(
     t, h, d_qk = q.shape  # q: [T, H, d_qk]
     n_idx = indices.shape[1]  # indices: [T, topk]
     outs, lses = [], []
+    # the layout-invariant mode (SPEC 12): exact products, fixed-tree log-sum-exp, formula exp
+    exact = invariant.active()
+    mm = invariant.exact_matmul if exact else torch.matmul
+    logsumexp = invariant.logsumexp if exact else torch.logsumexp
+    exp = invariant.exp if exact else torch.exp
     for b, (q0, q1, s) in enumerate(layout.request_bounds()):
         step = max(1, _GATHER_ELEMS // max(1, n_idx * d_qk))
         for a in range(q0, q1, step):
@@ -47,11 +53,11 @@ def sparse_mla_attention(
             valid = (idx >= 0) & (idx < s)
             keys = q.new_zeros((z - a, n_idx, d_qk), dtype=torch.float32)
             keys = keys.index_put((valid,), gather_rows(kv_cache, layout, b, idx[valid]).float())
-            p = torch.einsum("thd,tkd->thk", q[a:z].float(), keys) * sm_scale
+            p = mm(q[a:z].float(), keys.transpose(1, 2)) * sm_scale
             p = p.masked_fill(~valid[:, None, :], float("-inf"))  # [tq, H, topk]
-            lse = torch.logsumexp(p, dim=-1)  # [tq, H]; -inf if no valid index
-            prob = torch.exp(p - torch.where(torch.isinf(lse) & (lse < 0), 0.0, lse)[..., None])
-            outs.append(torch.einsum("thk,tkd->thd", prob, keys[..., :d_v]))
+            lse = logsumexp(p, dim=-1)  # [tq, H]; -inf if no valid index
+            prob = exp(p - torch.where(torch.isinf(lse) & (lse < 0), 0.0, lse)[..., None])
+            outs.append(mm(prob, keys[..., :d_v]))
             lses.append(lse)
     if not outs:
         out, lse = q.new_zeros((t, h, d_v)), torch.full((t, h), float("-inf"))
@@ -94,7 +100,7 @@ def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Ten
 
 IMPL = OpImpl(
     sparse_mla_attention,
-    OpCaps(FLOATS, ("ragged", "paged", "pools"), differentiable=True),
+    OpCaps(FLOATS, ("ragged", "paged", "pools"), differentiable=True, layout_invariant=True),
     backward=backward,
     backward_forces={"return_lse": True},
 )

@@ -46,4 +46,4 @@ def topk(x: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> tuple[
     return values, indices
 
 
-IMPL = OpImpl(topk, OpCaps(FLOATS, tie_rule="lower_index"))
+IMPL = OpImpl(topk, OpCaps(FLOATS, tie_rule="lower_index", layout_invariant=True))

@@ -33,6 +33,7 @@ from torch import nn
 
 from backends import Backend, moe
 from glm5.moe import Experts
+from glm5.parallel import invariant
 from glm5.parallel.group import Group, enter, gather, reduce
 
 
@@ -158,9 +159,25 @@ def _reduce_output(group: Group):
 
 
 def _rowwise(lin: nn.Linear, group: Group) -> None:
-    """Split the input dim; the partial outputs are summed over the group."""
+    """Split the input dim; the partial outputs are summed over the group. In the layout-invariant mode the
+    product itself sums exact integer partials over the group (SPEC 12), so the float sum is skipped."""
     _split_linear(lin, "rowwise", 1, group)
-    lin.register_forward_hook(_reduce_output(group))
+    k_total = shard_info(lin.weight).full_shape[1] if isinstance(lin, nn.Linear) else None
+
+    def exact_partials(module: nn.Module, args: tuple) -> None:
+        if invariant.active():
+            if k_total is None:
+                raise invariant.NotLayoutInvariant(
+                    f"{type(lin).__name__}: a row-parallel layer other than nn.Linear has no exact "
+                    "split product in the layout-invariant mode"
+                )
+            invariant.row_parallel_next(group, k_total)
+
+    def summed(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        return out if invariant.active() else reduce(out, group)
+
+    lin.register_forward_pre_hook(exact_partials)
+    lin.register_forward_hook(summed)
 
 
 def _attention(attn: nn.Module, group: Group) -> None:
@@ -195,6 +212,15 @@ def _experts_tp(experts: nn.Module, group: Group) -> None:
         raise PlanError(
             f"{type(experts).__name__}: declares no `parallel_split`, so the plan cannot split it"
         )
+
+    def refuse_invariant(module: nn.Module, args: tuple) -> None:
+        if invariant.active():
+            raise invariant.NotLayoutInvariant(
+                "experts: experts split on the intermediate dim (tp without ep) have no exact split product "
+                "in the layout-invariant mode; split them by expert (ep), which is invariant"
+            )
+
+    experts.register_forward_pre_hook(refuse_invariant)
     # the routing weights enter too: each rank's partial output carries only its part of their gradient
     experts.register_forward_pre_hook(lambda m, a: (enter(a[0], group), a[1], enter(a[2], group), *a[3:]))
     experts.register_forward_hook(_reduce_output(group))

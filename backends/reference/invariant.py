@@ -1,0 +1,233 @@
+"""The arithmetic of the layout-invariant mode (SPEC 12): results that follow from the inputs by
+construction, whatever the summation order a BLAS, a thread split, a batch size or a tensor-parallel
+split would pick.
+
+- `exact_matmul`: a fixed-point product that fp64 computes exactly (every partial sum an integer below
+  2^53), so any order of the K loop, and any split of K over ranks, gives the same bits; scaled and
+  rounded once at the end.
+- `tree_sum`: a fixed binary tree of adds over one dimension (zero-padded to a power of two).
+- `exp`, `log`, `sin`, `cos`: fixed formulas of IEEE basic ops (in fp64, rounded once to the input's
+  dtype), so an element's bits do not depend on where a vectorised kernel's SIMD body or tail puts it.
+
+`active()` says whether the mode is on; it is process-wide (the cpu backend runs blocks on Python
+threads) and is turned on by `glm5.parallel.invariant.layout_invariant()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Callable, Iterator
+
+import torch
+
+_lock = threading.Lock()
+_depth = 0
+
+
+def active() -> bool:
+    """Whether the layout-invariant mode is on (in any thread of the process)."""
+    return _depth > 0
+
+
+@contextlib.contextmanager
+def switched_on() -> Iterator[None]:
+    """The flag alone (backends read it); `glm5.parallel.invariant.layout_invariant` is the switch."""
+    global _depth
+    with _lock:
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+
+
+# -- powers of two from their bits (torch.ldexp multiplies by pow(2, n), a vectorised pow) --------------
+def pow2(n: torch.Tensor) -> torch.Tensor:
+    """2^n in fp64 for integer-valued n in [-1022, 1023], built from its exponent bits (exact)."""
+    return ((n.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
+def ldexp(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """x * 2^n (fp64 x, integer-valued n in [-2044, 2046]) in two exact steps."""
+    half = torch.div(n.to(torch.int64), 2, rounding_mode="floor")
+    return x * pow2(half) * pow2(n.to(torch.int64) - half)
+
+
+# -- exact matrix products -------------------------------------------------------------------------------
+def grid_bits(k: int) -> int:
+    """t = floor((53 - ceil(log2 K)) / 2): K products of two t-bit integers sum below 2^53."""
+    return (53 - math.ceil(math.log2(max(k, 1)))) // 2
+
+
+def scale_exponent(absmax: torch.Tensor) -> torch.Tensor:
+    """e (int32) with absmax <= 2^e (0 for a zero max)."""
+    return torch.frexp(absmax.double())[1]
+
+
+def to_grid(x: torch.Tensor, e: torch.Tensor, t: int) -> torch.Tensor:
+    """round(x * 2^(t - e)) as fp64 integers (|.| <= 2^t; ties to even)."""
+    return torch.round(x.double() * pow2(t - e))
+
+
+def scaled(
+    partial: torch.Tensor, e_row: torch.Tensor, f_col: torch.Tensor, t: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The integer product scaled by 2^(e_i + f_j - 2t) (exact) and rounded once to dtype."""
+    return ldexp(partial, e_row[..., :, None] + f_col[..., None, :] - 2 * t).to(dtype)
+
+
+def exact_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
+    *,
+    k_total: int | None = None,
+    max_over: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    sum_over: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """a [..., M, K] @ b [..., K, N] -> [..., M, N] in out_dtype (default a's), the same bits for any
+    blocking, batch, row subset or split of K.
+
+    Row-parallel use (K split over ranks): k_total is the unsplit K, max_over the elementwise max over
+    the ranks (of the per-row and per-column maxima) and sum_over the sum over the ranks of the fp64
+    integer partial products (exact in any order); every rank then returns the unsplit product's bits.
+    """
+    dtype = out_dtype or a.dtype
+    t = grid_bits(k_total or a.shape[-1])
+    row_max = a.abs().amax(-1) if a.shape[-1] else a.new_zeros(a.shape[:-1])
+    col_max = b.abs().amax(-2) if b.shape[-2] else b.new_zeros(b.shape[:-2] + b.shape[-1:])
+    if max_over is not None:
+        row_max, col_max = max_over(row_max.float()), max_over(col_max.float())
+    e, f = scale_exponent(row_max), scale_exponent(col_max)
+    partial = torch.matmul(to_grid(a, e[..., None], t), to_grid(b, f[..., None, :], t))
+    if sum_over is not None:
+        partial = sum_over(partial)
+    return scaled(partial, e, f, t, dtype)
+
+
+# -- the fixed reduction tree ----------------------------------------------------------------------------
+def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """Sum over `dim` by a fixed tree: zero-pad to P = 2^ceil(log2 n), then add adjacent pairs
+    (x[2i] + x[2i+1]) level by level. An aligned block of 2^j elements is a subtree of it."""
+    x = x.movedim(dim, -1)
+    n = x.shape[-1]
+    p = 1 << max(n - 1, 0).bit_length()
+    if p != n:
+        x = torch.cat([x, x.new_zeros(x.shape[:-1] + (p - n,))], -1)
+    while x.shape[-1] > 1:
+        x = x[..., 0::2] + x[..., 1::2]
+    out = x[..., 0] if n else x.new_zeros(x.shape[:-1])
+    return out.unsqueeze(-1).movedim(-1, dim) if keepdim else out
+
+
+# -- transcendentals (fp64 formulas, rounded once to the input dtype) ------------------------------------
+LN2_HI = 6.93147180369123816490e-01  # fdlibm: n * LN2_HI is exact for |n| < 2^11
+LN2_LO = 1.90821492927058770002e-10
+INV_LN2 = 1.44269504088896338700e00
+_EXP_TERMS = 14  # Taylor terms of exp(r), |r| <= ln2 / 2: truncation below 1e-17 relative
+_ATANH_TERMS = 13  # odd terms of atanh(s), |s| <= 0.1716
+
+
+def _exp64(x: torch.Tensor) -> torch.Tensor:
+    x = x.clamp(-1100.0, 710.0)
+    n = torch.round(x * INV_LN2)
+    r = (x - n * LN2_HI) - n * LN2_LO
+    p = torch.full_like(r, 1.0 / math.factorial(_EXP_TERMS - 1))
+    for i in range(_EXP_TERMS - 2, -1, -1):
+        p = p * r + 1.0 / math.factorial(i)
+    return ldexp(p, n)
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """e^x, NaN kept."""
+    y = _exp64(x.double())
+    return torch.where(torch.isnan(x), x.double(), y).to(x.dtype)
+
+
+def _log64(x: torch.Tensor) -> torch.Tensor:
+    m, e = torch.frexp(x)  # x = m 2^e, m in [0.5, 1)
+    small = m < 0.7071067811865476
+    m = torch.where(small, m * 2.0, m)
+    e = (e - small.to(e.dtype)).double()
+    f = m - 1.0
+    s = f / (2.0 + f)
+    s2 = s * s
+    p = torch.full_like(s, 1.0 / (2 * _ATANH_TERMS - 1))
+    for i in range(_ATANH_TERMS - 2, -1, -1):
+        p = p * s2 + 1.0 / (2 * i + 1)
+    y = e * LN2_HI + (e * LN2_LO + 2.0 * s * p)
+    y = torch.where(x == 0, -math.inf, y)
+    y = torch.where(torch.isposinf(x), math.inf, y)
+    return torch.where((x < 0) | torch.isnan(x), math.nan, y)
+
+
+def log(x: torch.Tensor) -> torch.Tensor:
+    """Natural log (-inf at 0, NaN below)."""
+    return _log64(x.double()).to(x.dtype)
+
+
+PIO2_1 = 1.57079632673412561417e00  # fdlibm's pi/2 in three parts (n * PIO2_1, n * PIO2_2 exact)
+PIO2_2 = 6.07710050650619224932e-11
+PIO2_3 = 2.02226624879595063154e-21
+INV_PIO2 = 6.36619772367581382433e-01
+_TRIG_TERMS = 12
+
+
+def _sincos64(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sin x, cos x) for |x| up to about 2^30 (RoPE angles)."""
+    n = torch.round(x * INV_PIO2)
+    r = ((x - n * PIO2_1) - n * PIO2_2) - n * PIO2_3  # |r| <= pi/4
+    r2 = r * r
+    s = torch.full_like(r, (-1) ** (_TRIG_TERMS - 1) / math.factorial(2 * _TRIG_TERMS - 1))
+    c = torch.full_like(r, (-1) ** (_TRIG_TERMS - 1) / math.factorial(2 * _TRIG_TERMS - 2))
+    for i in range(_TRIG_TERMS - 2, -1, -1):
+        s = s * r2 + (-1) ** i / math.factorial(2 * i + 1)
+        c = c * r2 + (-1) ** i / math.factorial(2 * i)
+    s = s * r
+    q = torch.remainder(n, 4)
+    sin = torch.where(q == 0, s, torch.where(q == 1, c, torch.where(q == 2, -s, -c)))
+    cos = torch.where(q == 0, c, torch.where(q == 1, -s, torch.where(q == 2, -c, s)))
+    return sin, cos
+
+
+def sin(x: torch.Tensor) -> torch.Tensor:
+    return _sincos64(x.double())[0].to(x.dtype)
+
+
+def cos(x: torch.Tensor) -> torch.Tensor:
+    return _sincos64(x.double())[1].to(x.dtype)
+
+
+def pow_scalar(base: float, x: torch.Tensor) -> torch.Tensor:
+    """base ** x for a positive scalar base: exp(x ln(base)) by the formula (RoPE's inverse frequencies)."""
+    return exp(x.double() * math.log(base)).to(x.dtype)
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    return (1.0 / (1.0 + _exp64(-x.double()))).to(x.dtype)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    xd = x.double()
+    return (xd / (1.0 + _exp64(-xd))).to(x.dtype)
+
+
+def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """max + log(tree_sum(exp(x - max))); -inf for an all -inf row (as torch)."""
+    m = x.amax(dim, keepdim=True)
+    m = torch.where(torch.isinf(m), 0.0, m).to(x.dtype)
+    out = log(tree_sum(exp(x - m), dim, keepdim=True)) + m
+    return out if keepdim else out.squeeze(dim)
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    m = x.amax(dim, keepdim=True)
+    e = exp(x - torch.where(torch.isinf(m), 0.0, m).to(x.dtype))
+    return e / tree_sum(e, dim, keepdim=True)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return x - logsumexp(x, dim, keepdim=True)
