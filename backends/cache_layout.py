@@ -113,6 +113,14 @@ class MLACacheLayout:
             and self.block_size in (None, block_size)
         )
 
+    def required_block_size(self, width: int, dtype: torch.dtype) -> int | None:
+        """The block size a paged cache of this row width and dtype must have to be stored as the split
+        pools (what a cache allocator such as the vLLM plugin sets); None when any block size serves or
+        such a cache is never split."""
+        if self.block_size is None or not self.splits(self.block_size, width, dtype):
+            return None
+        return self.block_size
+
     def shapes(self, num_blocks: int, block_size: int, width: int) -> tuple[tuple[int, ...], ...]:
         """The tensors of a paged cache as this backend stores it: one `(nb, bs, width)` or two pools."""
         if not self.splits(block_size, width, torch.bfloat16):

@@ -3,9 +3,14 @@ it touches no other model, `GlmMoeDsaForCausalLM` included)."""
 
 from __future__ import annotations
 
+import torch
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
+from vllm.platforms import current_platform
 
-from glm5.vllm.fp8_cache import check_cache_dtype
+from backends import BackendUnavailable
+from backends.cache_layout import MLACacheLayout
+from backends.registry import loaded
+from glm5.vllm.fp8_cache import FLOAT_CACHE_DTYPES, check_cache_dtype
 from glm5.vllm.mtp import use_project_mtp
 
 
@@ -22,4 +27,40 @@ class Glm5BackendsConfig(VerifyAndUpdateConfig):
     def verify_and_update_config(vllm_config) -> None:
         # 'auto' (the model dtype) or fp8_ds_mla (glm5/vllm/fp8_cache.py), checked before anything loads
         check_cache_dtype(vllm_config.cache_config.cache_dtype, vllm_config.model_config.hf_config)
+        use_backend_block_size(vllm_config)
         use_project_mtp(vllm_config)  # speculative method 'mtp': the project's MTP layer drafts
+
+
+def _backend_cache_layout() -> tuple[str, MLACacheLayout] | None:
+    """(name, declared MLA cache layout) of the backend the model will run on; None when none resolves
+    (the model then raises the reason when it is built)."""
+    from glm5.vllm.model import default_backend
+
+    try:
+        name = default_backend(current_platform.device_type)
+    except BackendUnavailable:
+        return None
+    backend = loaded(name)
+    return None if backend is None else (name, backend.mla_cache)
+
+
+def use_backend_block_size(vllm_config) -> None:
+    """Set vLLM's block size to the one the backend's split latent pools need (backends/cache_layout.py,
+    e.g. Ascend's 128 for npu_sparse_flash_attention's PA_BSND pools), so vLLM allocates what the backend
+    reads with no copy. A user's different `--block-size` is refused in one line naming `block_size`."""
+    cc, mc = vllm_config.cache_config, vllm_config.model_config
+    found = _backend_cache_layout()
+    if found is None or cc.cache_dtype not in FLOAT_CACHE_DTYPES:
+        return  # FP8 caches keep their 656-byte rows, one tensor
+    name, layout = found
+    dtype = mc.dtype if cc.cache_dtype == "auto" else getattr(torch, cc.cache_dtype)
+    width = mc.hf_config.kv_lora_rank + mc.hf_config.qk_rope_head_dim
+    need = layout.required_block_size(width, dtype)
+    if need is None or cc.block_size == need:
+        return
+    if cc.user_specified_block_size:
+        raise ValueError(
+            f"block_size: backend {name!r} stores the latent cache as split pools {list(layout.split)} "
+            f"that need block size {need}, got {cc.block_size} (leave --block-size unset or pass {need})"
+        )
+    cc.block_size = need
