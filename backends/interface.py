@@ -146,8 +146,9 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
                     return [f"{where} is on {t.device.type}; this backend runs on {self.device}"]
         return []
 
-    def reasons(self, op: str, args: Mapping[str, Any]) -> list[str]:
-        """Every reason this backend cannot serve `op` on these (validated) arguments; [] if it can."""
+    def reasons(self, op: str, args: Mapping[str, Any], placed: bool = False) -> list[str]:
+        """Every reason this backend cannot serve `op` on these (validated) arguments; [] if it can.
+        `placed`: the front door has checked the devices already."""
         impl = self.impl(op)
         if impl is None:
             return [f"op {op!r} is not implemented by backend {self.name!r}"]
@@ -159,7 +160,7 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
         kind = cache_kind(dict(args))
         if kind is not None and kind not in caps.layouts:
             out.append(f"{kind} cache layout not in supported {list(caps.layouts)}")
-        out.extend(self._device_reasons(args))
+        out.extend([] if placed else self._device_reasons(args))
         if not out:
             out.extend(caps.limit_reasons(op, dict(args), dt))
         if not out and caps.check is not None:
@@ -215,7 +216,7 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
         return out if finish is None else finish(out)
 
     def _dispatch(self, op: str, spec: Any, args: dict[str, Any]) -> Any:
-        why = self.reasons(op, args)
+        why = self.reasons(op, args, placed=True)
         if why:
             raise NotSupported(why, backend=self.name, op=op)
         impl = self.impl(op)

@@ -70,7 +70,7 @@ class IgnoresClaims(QuantOnlyFloat32):
 
     name = "fake_ignores_claims"
 
-    def reasons(self, op, args):
+    def reasons(self, op, args, placed=False):
         return []
 
 
