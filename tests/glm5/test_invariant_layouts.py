@@ -1,0 +1,160 @@
+"""The layout-invariant mode (SPEC 12) on the tiny model, tie-heavy inputs (weights rounded to 3 mantissa
+bits, repeated tokens), index_topk < tokens so DSA is sparse: logits and per-layer top-k sets are the same
+bits at TP 1 / 2 / 4, EP 2, batch 1 vs 4, prefill-all vs prefill + decode, on the reference and cpu
+backends, and under ATEN_CPU_CAPABILITY=avx2 / default; the normal mode differs on the same inputs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from glm5.config import GLM5Config
+from glm5.model import GLM5ForCausalLM
+from glm5.parallel import plan
+from glm5.parallel.group import Single, TorchGroup
+from glm5.parallel.invariant import NotLayoutInvariant, layout_invariant
+from tests.ranks import run_ranks
+
+BACKENDS = ("reference", "cpu")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _model(backend: str) -> GLM5ForCausalLM:
+    m = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend=backend)
+    m.init_weights(0)
+    with torch.no_grad():
+        for p in m.parameters():  # 3 mantissa bits: many equal products, so near-ties everywhere
+            mant, exp = torch.frexp(p)
+            p.copy_(torch.ldexp(torch.round(mant * 8) / 8, exp.float()))
+    return m
+
+
+def _ids() -> torch.Tensor:
+    # 4 rows of 40 tokens (index_topk 16): a repeated phrase, so equal scores meet at the top-k cut
+    base = torch.randint(0, 512, (4, 8), generator=torch.Generator().manual_seed(1))
+    return base.repeat(1, 5)
+
+
+@torch.no_grad()
+def _forward(model, ids, invariant: bool):
+    ctx = layout_invariant(model.backend) if invariant else _nullctx()
+    with ctx:
+        out = model(ids, return_topk=True)
+    return out.logits, [t.clone() for t in out.topk]
+
+
+class _nullctx:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def _same(a, b) -> bool:
+    (la, ta), (lb, tb) = a, b
+    return torch.equal(la, lb) and all(torch.equal(x, y) for x, y in zip(ta, tb, strict=True))
+
+
+@torch.no_grad()
+def _decoded(model, ids, prefix: int, invariant: bool):
+    """Prefill `prefix` tokens, then decode the rest one token per step: (logits, per-layer top-k)."""
+    ctx = layout_invariant(model.backend) if invariant else _nullctx()
+    b, s = ids.shape
+    with ctx:
+        cache = model.new_cache(b, s)
+        first = model(ids[:, :prefix], cache, return_topk=True)
+        logits, topk = [first.logits], [[t.view(b, prefix, -1)] for t in first.topk]
+        for i in range(prefix, s):
+            o = model(ids[:, i : i + 1], cache, return_topk=True)
+            logits.append(o.logits)
+            for layer, t in zip(topk, o.topk, strict=True):
+                layer.append(t.view(b, 1, -1))
+    return torch.cat(logits, 1), [torch.cat(layer, 1).reshape(b * s, -1) for layer in topk]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_and_prefill_decode_bitwise(backend):
+    model, ids = _model(backend), _ids()
+    full = _forward(model, ids, True)
+    one = _forward(model, ids[2:3], True)
+    assert torch.equal(one[0][0], full[0][2])
+    rows = slice(2 * 40, 3 * 40)
+    assert all(torch.equal(a, b[rows]) for a, b in zip(one[1], full[1], strict=True))
+    assert _same(_decoded(model, ids, 24, True), full)
+
+
+def test_the_mode_refuses_a_backend_that_does_not_declare_it():
+    class Undeclared:
+        name = "fake"
+
+        def capabilities(self, op):
+            return None
+
+    with pytest.raises(NotLayoutInvariant, match="fake's sparse_mla_attention"):
+        with layout_invariant(Undeclared()):
+            pass
+
+
+def _layouts_rank(rank: int, world: int, backend: str, normal_too: bool) -> dict:
+    out = {}
+    g = TorchGroup()
+    model = _model(backend)
+    plan.apply(model, tp=g, ep=g)  # tp + ep: experts whole per rank (tp-split experts are refused)
+    out["tp+ep"] = _forward(model, _ids(), True)
+    if normal_too:
+        out["tp+ep normal"] = _forward(model, _ids(), False)
+        model = _model(backend)
+        plan.apply(model, tp=Single(), ep=g)
+        out["ep"] = _forward(model, _ids(), True)
+        model = _model(backend)
+        plan.apply(model, tp=g)
+        with pytest.raises(NotLayoutInvariant, match="split them by expert"):
+            _forward(model, _ids(), True)
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tp2_and_ep2_are_the_unsplit_bits_and_the_normal_mode_is_not(backend):
+    model = _model(backend)
+    ref, ref_normal = _forward(model, _ids(), True), _forward(model, _ids(), False)
+    results = run_ranks(_layouts_rank, 2, backend, True)
+    for r in results:
+        assert _same(r["tp+ep"], ref)
+        assert _same(r["ep"], ref)
+    # the normal mode's row-parallel float sum moves low bits: the comparison above can fail
+    assert not torch.equal(results[0]["tp+ep normal"][0], ref_normal[0])
+
+
+def test_tp4_is_the_unsplit_bits():
+    ref = _forward(_model("cpu"), _ids(), True)
+    for r in run_ranks(_layouts_rank, 4, "cpu", False):
+        assert _same(r["tp+ep"], ref)
+
+
+_CHILD = """
+import hashlib, torch
+from tests.glm5.test_invariant_layouts import _model, _ids, _forward, _decoded, _same
+out = {}
+for be in ("reference", "cpu"):
+    m = _model(be)
+    full = _forward(m, _ids(), True)
+    assert _same(_decoded(m, _ids(), 24, True), full), be
+    out[be] = hashlib.sha256(full[0].numpy().tobytes()).hexdigest()
+print(out["reference"], out["cpu"])
+"""
+
+
+@pytest.mark.parametrize("capability", ("avx2", "default"))
+def test_other_cpu_capabilities_give_the_same_bits(capability):
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    res = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    ref_hash, cpu_hash = res.stdout.split()
+    here = hashlib.sha256(_forward(_model("reference"), _ids(), True)[0].numpy().tobytes()).hexdigest()
+    assert ref_hash == cpu_hash == here  # the same bits on every backend and instruction set
