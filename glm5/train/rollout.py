@@ -4,10 +4,10 @@ the ratio pi_train / pi_rollout: min, max and the share outside [1/2, 2] (the ba
 
 The two paths run the same ops on different numbers of rows (1 per decode step, S in training). A matrix
 kernel may pick another blocking, hence another summation order, for another row count, so the ratio is
-1 only up to rounding. `batch_invariant()` removes that source: every matrix product is computed one
-output row at a time, so a row's result no longer depends on how many rows share the call. The indexer
-top-k and MoE routing are deterministic by contract (SPEC 2.3), so with it the reference backend gives a
-ratio of exactly 1.
+1 only up to rounding. `batch_invariant()` removes that source: it is the layout-invariant mode (SPEC 12:
+exact matrix products, fixed reduction trees, transcendentals by fixed formulas), so a row's bits depend
+on neither the row count nor the parallel layout, and the reference and cpu backends give a ratio of
+exactly 1.
 
 `rollout_precision="fp8"` samples with an FP8 copy of the policy instead (quant/fp8.py) and reports the
 FP8-vs-bf16 mismatch IcePop's pop() exists to contain (glm5/train/icepop.py).
@@ -16,87 +16,17 @@ FP8-vs-bf16 mismatch IcePop's pop() exists to contain (glm5/train/icepop.py).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from glm5.model import GLM5ForCausalLM
-
-aten = torch.ops.aten
-
-
-def _rowwise_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    if a.shape[0] == 0:
-        return a.new_empty((0, b.shape[1]))
-    return torch.cat([torch.mm(a[i : i + 1], b) for i in range(a.shape[0])])
+from glm5.parallel.invariant import layout_invariant
 
 
-# Vectorised transcendental kernels round differently in their SIMD body and their remainder loop, so an
-# element's result can depend on where the tensor's length puts it; these run one leading-axis slice
-# at a time.
-_ELEMENTWISE = {
-    aten.exp.default,
-    aten.log.default,
-    aten.sigmoid.default,
-    aten.silu.default,
-    aten.rsqrt.default,
-    aten.tanh.default,
-    aten.sin.default,
-    aten.cos.default,
-    aten.log1p.default,
-    aten.expm1.default,
-}
-# Reductions along non-leading axes: split along the leading axis as well.
-_REDUCTIONS = {
-    aten._softmax.default: 1,
-    aten._log_softmax.default: 1,
-    aten.logsumexp.default: 1,
-    aten.sum.dim_IntList: 1,
-    aten.mean.dim: 1,
-}
-
-
-def _sliced(func, x: torch.Tensor, rest: tuple, kwargs: dict) -> torch.Tensor:
-    return torch.cat([func(x[i : i + 1], *rest, **kwargs) for i in range(x.shape[0])])
-
-
-def _leading_free(x: torch.Tensor, dims) -> bool:
-    if dims is None:
-        return False
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    return bool(dims) and all(d % x.dim() != 0 for d in dims)
-
-
-class _BatchInvariantMatmul(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        x = args[0] if args else None
-        splittable = isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] > 1
-        if splittable and func in _ELEMENTWISE:
-            return _sliced(func, x, args[1:], kwargs)
-        if splittable and func in _REDUCTIONS and _leading_free(x, args[_REDUCTIONS[func]]):
-            return _sliced(func, x, args[1:], kwargs)
-        if func is aten.mm.default:
-            return _rowwise_mm(*args)
-        if func is aten.addmm.default:
-            bias, a, b = args
-            beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-            return beta * bias + alpha * _rowwise_mm(a, b)
-        if func is aten.bmm.default:
-            a, b = args
-            if a.shape[0] == 0:
-                return a.new_empty((0, a.shape[1], b.shape[2]))
-            return torch.stack([_rowwise_mm(a[i], b[i]) for i in range(a.shape[0])])
-        return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def batch_invariant() -> Iterator[None]:
-    """Matrix products (mm, addmm, bmm) computed row by row: results independent of the row count.
-    Slow (one kernel call per row); meant for checks, not for throughput."""
-    with _BatchInvariantMatmul():
-        yield
+def batch_invariant(model: GLM5ForCausalLM | None = None) -> contextlib.AbstractContextManager:
+    """The layout-invariant mode (glm5/parallel/invariant.py, SPEC 12): a row's bits do not depend on
+    how many rows share the call (nor on the parallel layout), with `model`'s backend checked for it."""
+    return layout_invariant(None if model is None else model.backend)
 
 
 PRECISIONS = ("bf16", "fp8")
@@ -168,7 +98,7 @@ def rollout_check(
         raise ValueError(f"new_tokens/temperature: expected >= 1 and > 0, got {new_tokens}, {temperature}")
     policy = rollout_policy(model, rollout_precision)  # refuses an unknown precision
     g = torch.Generator().manual_seed(seed)
-    ctx = batch_invariant() if invariant else contextlib.nullcontext()
+    ctx = batch_invariant(model) if invariant else contextlib.nullcontext()
     with ctx:
         sampled, logp_roll_t = sample(policy, prompts, new_tokens, temperature=temperature, generator=g)
         logp_train = sequence_logprobs(model, prompts, sampled, temperature)
