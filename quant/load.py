@@ -64,34 +64,53 @@ def load_quantized(
 ) -> nn.Module:
     """Build the model from `path`/config.json on the meta device, swap in the quantized modules the
     checkpoint describes, and fill every tensor (strict: nothing missing, nothing left over)."""
-    from glm5.checkpoint import read_config, without_absent_mtp
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
-
     path = Path(path)
+    if _format_of(path) == fp8.FORMAT:
+        return fp8.load_fp8(path, backend=backend, dtype=dtype, cls=cls)
+    model = skeleton(path, backend, dtype, cls)
+    model.to_empty(device=model.backend.device)
+    fill_model(model, TensorReader(path), FORMATS[model.quant_format].decode)
+    model.prepare_weights()  # the backend lays the loaded weights out once
+    return model.eval()
+
+
+def _format_of(path: Path) -> str:
     fmt = detect_format(path)
     if fmt is None:
         raise ValueError(
             f"path: {path} holds no quantized checkpoint (no {modelslim.DESCRIPTION}, "
             "no quantization_config in config.json)"
         )
-    if fmt == fp8.FORMAT:
-        return fp8.load_fp8(path, backend=backend, dtype=dtype, cls=cls)
+    return fmt
+
+
+def skeleton(
+    path: str | Path, backend: Backend | str | None = None, dtype: torch.dtype | None = None, cls=None
+) -> nn.Module:
+    """The quantized model `path` holds, on the meta device, built from its config files and tensor names
+    only (no tensor is read): the quantized modules its quantization config describes swapped in.
+    `model.quant_format` names the format; `quant_plan` (int8/int4) or `fp8_ue8m0` (FP8) say the rest.
+    A loader then fills it (`load_quantized`, or the vLLM plugin's sharded loader)."""
+    from glm5.checkpoint import TensorFiles, read_config, without_absent_mtp
+    from glm5.config import GLM5Config
+    from glm5.model import GLM5ForCausalLM
+
+    path = Path(path)
+    fmt = _format_of(path)
     raw = read_config(path)
-    reader = TensorReader(path)
-    config = without_absent_mtp(GLM5Config.from_dict(raw), reader.where, path)
-    dtype = dtype or _DTYPES.get(str(raw.get("dtype") or raw.get("torch_dtype")), torch.float32)
-    cls = cls or GLM5ForCausalLM
+    config = without_absent_mtp(GLM5Config.from_dict(raw), TensorFiles(path).where, path)
+    default = torch.bfloat16 if fmt == fp8.FORMAT else torch.float32  # GLM-5-FP8 is served in bf16
+    dtype = dtype or _DTYPES.get(str(raw.get("dtype") or raw.get("torch_dtype")), default)
     with torch.device("meta"):
-        model = cls(config, backend=backend, dtype=dtype)
-    mod = FORMATS[fmt]
-    plan = mod.read_plan(path, model)
-    empty_like_plan(model, plan, device="meta")
-    model.to_empty(device=model.backend.device)
-    fill_model(model, reader, mod.decode)
-    model.prepare_weights()  # the backend lays the loaded weights out once
-    model.quant_plan = plan
-    return model.eval()
+        model = (cls or GLM5ForCausalLM)(config, backend=backend, dtype=dtype)
+    if fmt == fp8.FORMAT:
+        model.fp8_ue8m0 = fp8.check_config(raw.get("quantization_config") or {})
+        fp8.swap_fp8_modules(model, model.fp8_ue8m0)
+    else:
+        model.quant_plan = FORMATS[fmt].read_plan(path, model)
+        empty_like_plan(model, model.quant_plan, device="meta")
+    model.quant_format, model.quant_path = fmt, path
+    return model
 
 
 class _QuantizedFormats:

@@ -1,10 +1,11 @@
 """`Glm5BackendsForCausalLM`: GLM-5 in vLLM, computed by the project's model on a GLM-5 backend.
 
 The network is the project's own `GLM5ForCausalLM` (glm5/model.py: MLA + indexer + MoE modules, the
-shared-layer top-k reuse, quantized linears), loaded by the project's readers (float, compressed-tensors,
-msModelSlim). vLLM schedules, pages the caches (glm5/vllm/cache.py) and samples. Per step the model builds
-one `Step` from vLLM's metadata, so every hot op is the backend's (`indexer_topk`, `sparse_mla_attention`,
-`grouped_matmul`, `topk`, `w8a8_matmul`, ...). RoPE is the project's `apply_rope`, not vLLM's
+shared-layer top-k reuse, quantized linears), loaded through vLLM's weight iterator (float,
+compressed-tensors, msModelSlim, GLM-5-FP8; glm5/vllm/weights.py). vLLM schedules, pages the caches
+(glm5/vllm/cache.py) and samples. Per step the model builds one `Step` from vLLM's metadata, so every
+hot op is the backend's (`indexer_topk`, `sparse_mla_attention`, `grouped_matmul`, `topk`, `w8a8_matmul`,
+...). RoPE is the project's `apply_rope`, not vLLM's
 `rotary_embedding` custom op, so vLLM-CPU's eager-mode MLA RoPE bug cannot reach this model.
 """
 
@@ -31,7 +32,6 @@ from glm5.config import GLM5Config
 from glm5.layers import rope_angles
 from glm5.model import GLM5ForCausalLM
 from glm5.parallel import agreement
-from glm5.parallel.plan import apply
 from glm5.parallel.plan import check as check_plan
 from glm5.vllm import weights as weights_module
 from glm5.vllm.cache import Glm5CacheLayer, Glm5StepMetadata
@@ -77,26 +77,24 @@ class Glm5BackendsForCausalLM(nn.Module):
                 f"GLM5_BACKEND={name!r} runs on {self.backend.device}, vLLM runs on "
                 f"{current_platform.device_type}"
             )
-        #: float checkpoints load through vLLM's weight iterator, each rank reading its slice of the plan
-        #: (glm5/vllm/weights.py); quantized ones through the project's readers, whole, then split by the
-        #: same plan (the quantized layers declare their own split), which frees the other ranks' parts
+        #: every checkpoint loads through vLLM's weight iterator, each rank reading its slice of the plan
+        #: (glm5/vllm/weights.py); a quantized one's modules are built from its quantization config first
+        #: (quant.load.skeleton: compressed-tensors, msModelSlim, GLM-5-FP8), then split the same way
         self.quantized = formats.claiming(self.path) is not None or formats.looks_quantized(self.path)
         tp, ep = groups(vllm_config.parallel_config)
-        if self.quantized and tp is not None:  # refused here, before any load, if the plan cannot split it
+        if tp is not None:  # refused here, before any load, if the plan cannot split it
             check_plan(self.config, tp.size, 1 if ep is None else ep.size)
-        if not self.quantized:  # the MTP layers the checkpoint holds, as from_pretrained decides
+        if self.quantized:
+            from quant.load import skeleton  # the plugin's one door to the quantized formats
+
+            self.glm = skeleton(self.path, backend=self.backend, dtype=self.dtype)
+            self.config = self.glm.config
+        else:  # the MTP layers the checkpoint holds, as from_pretrained decides
             self.config = without_absent_mtp(self.config, TensorFiles(self.path).where, self.path)
-        with torch.device("meta"):  # shapes only
-            self.glm = GLM5ForCausalLM(self.config, backend=self.backend, dtype=self.dtype)
+            with torch.device("meta"):  # shapes only
+                self.glm = GLM5ForCausalLM(self.config, backend=self.backend, dtype=self.dtype)
         self.tp, self.ep = tp, ep
-        if not self.quantized:
-            self.names = weights_module.CheckpointNames(self.glm)  # before the split: full shapes
-            if tp is not None:
-                apply(self.glm, tp=tp, ep=ep)
-            self.glm.to_empty(device=torch.get_default_device())  # local slices, for any load format
-            if self.config.tie_word_embeddings:
-                self.glm.lm_head.weight = self.glm.model.embed_tokens.weight
-            self.glm.requires_grad_(False).eval()
+        self.names = weights_module.split_skeleton(self.glm, tp, ep)  # local slices, for any load format
         #: GLM5_VALIDATE=topk (or values / reference): the ranks' top-k compared once per step
         self.agreement = agreement.TopkAgreement(tp) if tp is not None and agreement.enabled() else None
         c, cc = self.config, vllm_config.cache_config
@@ -167,17 +165,10 @@ class Glm5BackendsForCausalLM(nn.Module):
         return self.glm.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Float checkpoints: vLLM's (name, tensor) iterator, each rank copying its slice into the existing
-        parameters (also an in-place update: `update_weights`) -> the names of the parameters loaded.
-        Quantized checkpoints: the project's readers (compressed-tensors, msModelSlim, FP8), unsharded."""
-        if not self.quantized:
-            return {f"glm.{name}" for name in weights_module.load(self.glm, self.names, weights)}
-        del weights  # never read: the project's reader opens the same safetensors files
-        self.glm = GLM5ForCausalLM.from_pretrained(self.path, backend=self.backend, dtype=self.dtype)
-        self.glm.requires_grad_(False).eval()  # inference-only backends refuse grad-requiring weights
-        if self.tp is not None:
-            apply(self.glm, tp=self.tp, ep=self.ep)
-        return {name for name, _ in self.named_parameters()}
+        """vLLM's (name, tensor) iterator, each rank copying only its slice into the existing parameters
+        (float checkpoints also for an in-place update: `update_weights`; quantized ones slice each stored
+        tensor before reading it: glm5/vllm/quant_weights.py) -> the names of the parameters loaded."""
+        return {f"glm.{name}" for name in weights_module.load(self.glm, self.names, weights)}
 
     def process_weights_after_loading(self) -> None:
         """vLLM's post-load hook (after every load format, dummy included): weights laid out once."""
@@ -187,7 +178,7 @@ class Glm5BackendsForCausalLM(nn.Module):
         """Replace weights in place from full tensors under their checkpoint names (what an RL trainer
         pushes: `llm.apply_model(lambda m: m.update_weights(pairs))`; each rank keeps its slice), laid out
         again. Reset vLLM's prefix cache afterwards (`llm.reset_prefix_cache()`): it holds old keys."""
-        if self.quantized:
+        if self.quantized:  # a trainer pushes float tensors; re-quantizing them here is not this loader's
             raise ValueError("update_weights: in-place updates take a float checkpoint's tensors only")
         loaded = self.load_weights(named_tensors)
         self.process_weights_after_loading()

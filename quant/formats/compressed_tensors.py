@@ -11,6 +11,7 @@ with raw 0 (compressed_tensors pack_to_int32). Scales are written fp32 so a relo
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,28 @@ def decode(name: str, scheme: Scheme, reader: TensorReader) -> tuple[torch.Tenso
         )
     bias = reader.get(f"{name}.bias", FLOAT_DTYPES) if f"{name}.bias" in reader else None
     return q, scale, bias
+
+
+def band_units(scheme: Scheme) -> tuple[int, int]:
+    """(rows, columns) of the [N, K] weight a slice of the stored tensors must come in: int4 packs eight
+    columns per int32 and a per-group scale covers group_size columns."""
+    return (1, math.lcm(8, scheme.group_size or 1)) if scheme.name == W4A8 else (1, 1)
+
+
+def band(
+    suffix: str, t: torch.Tensor, scheme: Scheme, rows: slice, cols: slice, full: tuple[int, int]
+) -> torch.Tensor:
+    """The part of stored tensor `<linear>.<suffix>` that holds rows x cols (whole `band_units`) of the
+    linear's [N, K] weight, sliced before anything is read; decode() reads the parts as a checkpoint of
+    that [rows, cols] block (`weight_shape` becomes the block's)."""
+    n, k = full
+    if suffix == "weight_shape":
+        if [int(v) for v in t.tolist()] != [n, k]:
+            raise ValueError(f"checkpoint: weight_shape {t.tolist()} expected [{n}, {k}]")
+        return torch.tensor([rows.stop - rows.start, cols.stop - cols.start], dtype=torch.int64)
+    if suffix == "weight_packed":
+        return t[rows, cols.start // 8 : -(-cols.stop // 8)]
+    if suffix == "weight_scale" and t.dim() == 2 and t.shape[1] > 1:  # per group: its columns' groups
+        gs = k // t.shape[1]
+        return t[rows, cols.start // gs : cols.stop // gs]
+    return t[rows, cols] if suffix == "weight" else t[rows]

@@ -249,27 +249,33 @@ def load_fp8(
     missing, unexpected, mismatched = reader.fit(model, copies)
     if missing or unexpected or mismatched:
         raise CheckpointError(missing, unexpected, mismatched)
-    swapped: dict[str, nn.Module] = {}
-    if fp8_modules:
-        for name, mod in fp8_targets(model):
-            if _matches(name, DEQUANT_AT_LOAD):
-                continue
-            if isinstance(mod, nn.Linear):
-                new = FP8Linear(
-                    mod.in_features, mod.out_features, model.backend, mod.bias is not None, ue8m0, "meta"
-                )
-            else:
-                e, i, d = mod.gate_proj.shape
-                new = FP8Experts(e, d, i, ue8m0, "meta")
-            parent, _, leaf = name.rpartition(".")
-            setattr(model.get_submodule(parent), leaf, new)
-            swapped[name] = new
+    swapped = swap_fp8_modules(model, ue8m0) if fp8_modules else {}
     model.to_empty(device=model.backend.device)
     _fill(model, reader, swapped, copies)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.fp8_ue8m0 = ue8m0
     return model.eval()
+
+
+def swap_fp8_modules(model: nn.Module, ue8m0: bool) -> dict[str, nn.Module]:
+    """Swap `FP8Linear` / `FP8Experts` (on the meta device) in for the float model's FP8 targets, except
+    those de-quantized at load -> {module name: new module}."""
+    swapped: dict[str, nn.Module] = {}
+    for name, mod in fp8_targets(model):
+        if _matches(name, DEQUANT_AT_LOAD):
+            continue
+        if isinstance(mod, nn.Linear):
+            new = FP8Linear(
+                mod.in_features, mod.out_features, model.backend, mod.bias is not None, ue8m0, "meta"
+            )
+        else:
+            e, i, d = mod.gate_proj.shape
+            new = FP8Experts(e, d, i, ue8m0, "meta")
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, new)
+        swapped[name] = new
+    return swapped
 
 
 def _fill(
@@ -304,3 +310,17 @@ def _fill(
     left = [n for n in reader.unused()]
     if left:
         raise ValueError(f"checkpoint: {len(left)} unexpected tensor(s): {', '.join(left[:20])}")
+
+
+def band_units(scheme: Any = None) -> tuple[int, int]:
+    """(rows, columns) of the [N, K] weight a slice of the stored tensors must come in: any (e4m3 is one
+    byte per weight; the scales of every block the slice touches come with it)."""
+    return 1, 1
+
+
+def band(suffix: str, t: torch.Tensor, scheme: Any, rows: slice, cols: slice, full: Any) -> torch.Tensor:
+    """The part of stored tensor `<linear>.<suffix>` that holds rows x cols of the linear's [N, K] weight
+    (of `_scale_inv`: the 128 x 128 blocks they touch), sliced before anything is read."""
+    if suffix == f"weight{SCALE_SUFFIX}":
+        return t[rows.start // BLOCK : cdiv(rows.stop, BLOCK), cols.start // BLOCK : cdiv(cols.stop, BLOCK)]
+    return t[rows, cols] if suffix == "weight" else t[rows]

@@ -44,12 +44,14 @@ def unpack_int4_rows(packed: torch.Tensor) -> torch.Tensor:
     return unpack_int4(packed.view(torch.uint8).T.contiguous()).T.contiguous()
 
 
-def scale_bias(q: torch.Tensor, scale: torch.Tensor, sliced: bool) -> torch.Tensor:
-    """8 * sum_k q[n, k] * scale[n] as fp32 [N, 1], or [N, 16] summed per K/16 slice."""
+def scale_bias(q: torch.Tensor, scale: torch.Tensor, sliced: bool | int) -> torch.Tensor:
+    """8 * sum_k q[n, k] * scale[n] as fp32 [N, 1], or [N, 16] summed per K/16 slice (an int: that many
+    slices, e.g. a rank's share of the 16)."""
     n, k = q.shape
-    if sliced and k % 16:
-        raise ValueError(f"q: scale_bias per K/16 slice needs K divisible by 16, got K={k}")
-    parts = q.to(torch.int64).reshape(n, 16 if sliced else 1, -1).sum(-1)  # exact integer sums
+    slices = 16 if sliced is True else int(sliced) or 1
+    if k % slices:
+        raise ValueError(f"q: scale_bias per K/{slices} slice needs K divisible by {slices}, got K={k}")
+    parts = q.to(torch.int64).reshape(n, slices, -1).sum(-1)  # exact integer sums
     return (8.0 * parts.float() * scale.reshape(n, 1).float()).contiguous()
 
 
@@ -147,10 +149,15 @@ def decode(name: str, scheme: Scheme, reader: TensorReader) -> tuple[torch.Tenso
     if bool(off.ne(0).any()):
         raise ValueError(f"checkpoint: {name}.weight_offset is nonzero; only symmetric weights are supported")
     if scheme.name == W4A8:
-        sb = reader.get(f"{name}.scale_bias")
-        want = scale_bias(q, scale, sb.shape[-1] == 16)
+        sb = reader.get(f"{name}.scale_bias")  # None: a rank's column slice of sums over all K (band)
+        slices = 0 if sb is None or sb.dim() != 2 or q.shape[1] % sb.shape[1] else sb.shape[1]
+        want = scale_bias(q, scale, slices) if slices else None
         # a wrong nibble order or packing axis changes these sums: refuse rather than load garbage
-        if sb.shape != want.shape or not torch.allclose(sb.float(), want, rtol=1e-5, atol=1e-6):
+        if sb is not None and (
+            want is None
+            or sb.shape != want.shape
+            or not torch.allclose(sb.float(), want, rtol=1e-5, atol=1e-6)
+        ):
             raise ValueError(
                 f"checkpoint: {name}.scale_bias does not match 8 * sum_k W * weight_scale "
                 "of the unpacked weight (packing order or axis differs from msModelSlim "
@@ -158,3 +165,27 @@ def decode(name: str, scheme: Scheme, reader: TensorReader) -> tuple[torch.Tenso
             )
     bias = reader.get(f"{name}.bias", FLOAT_DTYPES) if f"{name}.bias" in reader else None
     return q, scale, bias
+
+
+def band_units(scheme: Scheme) -> tuple[int, int]:
+    """(rows, columns) of the [N, K] weight a slice of the stored tensors must come in: int4 packs two
+    output rows per byte."""
+    return (2, 1) if scheme.name == W4A8 else (1, 1)
+
+
+def band(
+    suffix: str, t: torch.Tensor, scheme: Scheme, rows: slice, cols: slice, full: tuple[int, int]
+) -> torch.Tensor | None:
+    """The part of stored tensor `<linear>.<suffix>` that holds rows x cols (whole `band_units`) of the
+    linear's [N, K] weight, sliced before anything is read; decode() reads the parts as a checkpoint of
+    that block. A per-slice `scale_bias` keeps the slices of the columns; one that sums over more columns
+    than the block's cannot be checked there: None (another rank's rows check the packing)."""
+    n, k = full
+    if suffix == "weight":  # int4: two output rows per byte
+        return t[rows.start // 2 : -(-rows.stop // 2), cols] if scheme.name == W4A8 else t[rows, cols]
+    if suffix == "scale_bias" and (cols.start, cols.stop) != (0, k):
+        w = k // t.shape[-1]
+        if t.shape[-1] == 1 or cols.start % w or cols.stop % w:
+            return None
+        return t[rows, cols.start // w : cols.stop // w]
+    return t[rows]

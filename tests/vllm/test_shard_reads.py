@@ -1,0 +1,195 @@
+"""The plugin's loader reads only each rank's shard of a quantized checkpoint (issue #23 item 4).
+
+In process, without an engine: the plugin's own steps (`quant.load.skeleton`, `weights.split_skeleton`,
+`weights.load`) run for rank 0 and rank 1 of a 2-rank plan, fed the checkpoint's safetensors as vLLM's
+iterator yields them, each tensor wrapped so that every byte the loader reads out of it is counted (a
+slice, `narrow` or view is free; a copy, clone or comparison counts the bytes it reads). Each rank must
+read the replicated tensors plus about half of the split ones, never call the project's whole-checkpoint
+reader, and end with exactly the local tensors of the quantized model loaded whole and split by the plan.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from glm5.checkpoint import TensorFiles, _shared_copies, read_config, weight_files
+from glm5.config import GLM5Config
+from glm5.model import GLM5ForCausalLM
+from glm5.parallel import plan
+from glm5.vllm import weights
+from quant.load import export, skeleton
+from quant.quantize import quantize_model
+from quant.recipe import Recipe
+
+ITEMSIZE = {"I8": 1, "U8": 1, "F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I64": 8}
+EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.\d+\.\w+\.\w+$")
+
+
+@dataclass(frozen=True)
+class _Rank:
+    """Rank `rank` of `size` for the plan's shapes: splitting communicates nothing."""
+
+    rank: int
+    size: int = 2
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("loading must not communicate")
+
+    all_gather = all_reduce
+
+
+class _Reads:
+    bytes = 0
+
+
+class _Tracked(torch.Tensor):
+    """A tensor vLLM's iterator yields: views of it stay tracked, anything that reads it counts its bytes."""
+
+    _reads: _Reads
+    _DATA = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "equal", "allclose"}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tracked = [a for a in (*args, *kwargs.values()) if isinstance(a, _Tracked)]
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+            if not tracked:
+                return out
+            reads = tracked[0]._reads
+            storages = {a.untyped_storage().data_ptr() for a in tracked}
+            if isinstance(out, torch.Tensor):
+                if out.untyped_storage().data_ptr() in storages:  # a view: nothing read yet
+                    view = out.as_subclass(_Tracked)
+                    view._reads = reads
+                    return view
+            elif getattr(func, "__name__", "") not in cls._DATA:
+                return out  # metadata: shape, dtype, dim, ...
+            reads.bytes += sum(a.numel() * a.element_size() for a in tracked)
+            return out
+
+
+def _iterator(path: Path, reads: _Reads):
+    """(name, tensor) per safetensors file, in vLLM's order (safetensors_weights_iterator)."""
+    for f in sorted(set(weight_files(path).values())):
+        with safe_open(f, framework="pt") as h:
+            for name in h.keys():  # noqa: SIM118
+                t = h.get_tensor(name).as_subclass(_Tracked)
+                t._reads = reads
+                yield name, t
+
+
+def _plugin_load(path: Path, rank: int, ep: bool, monkeypatch) -> tuple[torch.nn.Module, int]:
+    def whole(*a, **k):
+        raise AssertionError("the plugin path called the project's whole-checkpoint reader")
+
+    with monkeypatch.context() as m:
+        m.setattr(TensorFiles, "get", whole)  # every project reader (TensorReader, DequantizingReader)
+        m.setattr("quant.load.load_quantized", whole)
+        glm = skeleton(path, backend="reference")
+        names = weights.split_skeleton(glm, _Rank(rank), _Rank(rank) if ep else None)
+        reads = _Reads()
+        loaded = weights.load(glm, names, _iterator(path, reads))
+    glm.prepare_weights()
+    assert {n for n, _ in glm.named_parameters()} <= loaded
+    return glm, reads.bytes
+
+
+def _owner(name: str) -> str:
+    m = EXPERT_TENSOR.match(name)
+    return m.group(1) if m else name.rsplit(".", 1)[0]
+
+
+def _sizes(path: Path, shards: dict) -> tuple[int, int]:
+    """(bytes of the tensors the plan leaves whole, bytes of those it splits), the MTP copies left out."""
+    whole = split = 0
+    copies = set(_shared_copies(GLM5Config.from_dict(read_config(path))))
+    for f in set(weight_files(path).values()):
+        with safe_open(f, framework="pt") as h:
+            for name in h.keys():  # noqa: SIM118
+                if name in copies:
+                    continue
+                sl = h.get_slice(name)
+                n = torch.Size(sl.get_shape()).numel() * ITEMSIZE[sl.get_dtype()]
+                if any(k.startswith(_owner(name) + ".") for k in shards):
+                    split += n
+                else:
+                    whole += n
+    return whole, split
+
+
+def _check(path: Path, monkeypatch, ep: bool = False) -> list[float]:
+    full = GLM5ForCausalLM.from_pretrained(path, backend="reference")
+    fractions = []
+    for rank in (0, 1):
+        glm, read = _plugin_load(path, rank, ep, monkeypatch)
+        want = GLM5ForCausalLM.from_pretrained(path, backend="reference").requires_grad_(False)
+        shards = plan.apply(want, tp=_Rank(rank), ep=_Rank(rank) if ep else None)
+        got_sd, want_sd = glm.state_dict(), want.state_dict()
+        assert got_sd.keys() == want_sd.keys()
+        for k, v in want_sd.items():
+            assert got_sd[k].dtype == v.dtype and torch.equal(got_sd[k], v), k
+        whole, split = _sizes(path, shards)
+        scales = sum(b.numel() * b.element_size() for n, b in full.named_buffers() if "scale" in n)
+        assert whole + split // 2 * 0.98 <= read <= whole + split // 2 + scales, (read, whole, split)
+        fractions.append(read / (whole + split))
+    return fractions
+
+
+def _quantized(tmp_path: Path, tiny: Path, recipe, fmt: str) -> Path:
+    model = GLM5ForCausalLM.from_pretrained(tiny, backend="reference")
+    quantize_model(model, recipe)
+    out = tmp_path / fmt
+    export(model, out, fmt)
+    return out
+
+
+@pytest.mark.parametrize(
+    "recipe,fmt",
+    [
+        ("glm5-w8a8", "compressed-tensors"),
+        ("glm5-w8a8", "modelslim"),
+        ("glm5-w4a8", "compressed-tensors"),
+        ("glm5-w4a8", "modelslim"),
+        ("group16", "compressed-tensors"),
+    ],
+)
+def test_each_rank_reads_its_shard_of_an_int_checkpoint(tiny_checkpoint, tmp_path, monkeypatch, recipe, fmt):
+    rec = Recipe.load("glm5-w4a8", group_size=16) if recipe == "group16" else recipe
+    path = _quantized(tmp_path, tiny_checkpoint, rec, fmt)
+    fractions = _check(path, monkeypatch)
+    print(f"{recipe} {fmt}: each rank read {fractions} of the checkpoint's bytes")
+
+
+def test_expert_parallel_reads_whole_experts_of_this_rank(tiny_checkpoint, tmp_path, monkeypatch):
+    _check(_quantized(tmp_path, tiny_checkpoint, "glm5-w8a8", "modelslim"), monkeypatch, ep=True)
+
+
+def test_each_rank_reads_its_shard_of_an_fp8_checkpoint(tmp_path, monkeypatch):
+    """FP8 block scales split in whole 128-blocks, so this model's split dims are multiples of 256."""
+    from quant.formats import fp8
+
+    cfg = GLM5Config.from_dict(
+        {
+            **GLM5Config.from_preset("tiny").to_dict(),
+            "hidden_size": 256,
+            "intermediate_size": 256,
+            "moe_intermediate_size": 256,
+            "q_lora_rank": 128,
+            "kv_lora_rank": 64,
+            "qk_nope_head_dim": 48,
+            "qk_rope_head_dim": 16,
+            "v_head_dim": 64,
+            "index_head_dim": 64,
+        }
+    )
+    bf16 = GLM5ForCausalLM(cfg, backend="reference", dtype=torch.bfloat16)
+    bf16.init_weights(0)
+    fp8.export(bf16, tmp_path / "fp8")
+    _check(tmp_path / "fp8", monkeypatch)
