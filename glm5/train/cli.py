@@ -157,6 +157,35 @@ _POS_FLOAT = _FiniteFloat(min=0, min_open=True)
     "and the rollout check.",
 )
 @click.option(
+    "--rollout-engine",
+    type=click.Choice(["sync", "policy", "vllm"]),
+    default="sync",
+    show_default=True,
+    help="Stage rl: sample in the step (sync), or asynchronously in an engine while the trainer trains: "
+    "the project's decode path (policy) or vLLM with the plugin (vllm).",
+)
+@click.option(
+    "--push-every",
+    default=1,
+    show_default=True,
+    type=_POS,
+    help="With a rollout engine: push the weights into it every N steps.",
+)
+@click.option(
+    "--max-staleness",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="With a rollout engine: train on no batch sampled more than S versions ago (S >= push-every - 1).",
+)
+@click.option(
+    "--engine-tp",
+    default=1,
+    show_default=True,
+    type=_POS,
+    help="--rollout-engine vllm: tensor-parallel size.",
+)
+@click.option(
     "--nproc",
     default=1,
     show_default=True,
@@ -231,6 +260,10 @@ def train(
     temperature,
     rollout_check,
     rollout_precision,
+    rollout_engine,
+    push_every,
+    max_staleness,
+    engine_tp,
     nproc,
     mesh,
     zero,
@@ -242,10 +275,19 @@ def train(
 ) -> None:
     """Train GLM-5 with Muon Split, MTP and the DSA stages, or RL with IcePop (--stage rl); metrics.jsonl,
     loss.png, checkpoints in OUT."""
-    from glm5.train import distributed
+    from glm5.train import distributed, rl_async
     from glm5.train.loop import Diverged, NothingToResume, RunExists, StepsDone, TrainConfig, Trainer
     from glm5.train.plots import plot_metrics
 
+    if rollout_engine == "vllm":
+        from glm5.train.engine_vllm import vllm_installed
+
+        if not vllm_installed():
+            raise click.BadParameter(
+                "vllm: vLLM is not installed in this environment (install the 'vllm' extra, or use "
+                "--rollout-engine policy)",
+                param_hint="'--rollout-engine'",
+            )
     parallel = parallel_options(nproc, mesh, stage, batch_size)
     microbatches = pipeline_options(
         parallel,
@@ -284,6 +326,10 @@ def train(
             minibatches=minibatches,
             temperature=temperature,
             rollout_precision=rollout_precision,
+            rollout_engine=rollout_engine,
+            push_every=push_every,
+            max_staleness=max_staleness,
+            engine_tp=engine_tp,
             pp_schedule=pp_schedule,
             mtp_stage=mtp_stage,
             microbatches=microbatches,
@@ -334,6 +380,8 @@ def train(
             raise click.ClickException(str(exc)) from None
         except OSError as exc:  # a full disk: the save's staging is gone, the last checkpoint intact
             raise click.ClickException(f"{fsio.describe(exc)} (nothing of this save was published)") from None
+        finally:
+            rl_async.close(trainer)  # the rollout engine and its producer, if the run had them
         if trainer.dist is not None:
             trainer.dist.close()
             if not trainer.dist.is_writer:

@@ -170,7 +170,7 @@ class Dist:
         tp / ep group hold copies, so the mean over all ranks is the mean over dp), the reward's standard
         deviation over every rollout, extremes over all; grad_norm is global already."""
         second = self.mean(rec["reward_std"] ** 2 + rec["reward_mean"] ** 2)
-        for key in ("loss", "reward_mean", "popped", "clipped", "moe_max_violation"):
+        for key in ("loss", "reward_mean", "popped", "clipped", "moe_max_violation", "mismatch_outside"):
             rec[key] = self.mean(rec[key])
         rec["reward_std"] = max(second - rec["reward_mean"] ** 2, 0.0) ** 0.5
         for key in ("mismatch_min", "ppo_ratio_min"):

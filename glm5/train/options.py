@@ -50,6 +50,12 @@ class TrainConfig:
     minibatches: int = 1
     temperature: float = 1.0
     rollout_precision: str = "bf16"
+    # asynchronous RL (glm5/train/rl_async.py): the engine, weights pushed every push_every steps, a batch
+    # at most max_staleness versions behind, the vLLM engine's tensor-parallel size
+    rollout_engine: str = "sync"
+    push_every: int = 1
+    max_staleness: int = 1
+    engine_tp: int = 1
     # --mesh pp=N (glm5/train/pipeline_run.py), and per decoder layer what autograd keeps for the backward
     pp_schedule: str = "1f1b"
     mtp_stage: str = "last"

@@ -34,6 +34,9 @@ from glm5.train.rollout import rollout_policy, sample, sequence_logprobs
 if TYPE_CHECKING:
     from glm5.train.loop import TrainConfig, Trainer
 
+#: who samples: this process's policy in the step ("sync"), or an engine of the asynchronous loop
+#: (glm5/train/rl_async.py): the project's decode path ("policy") or vLLM with the plugin ("vllm")
+ROLLOUT_ENGINES = ("sync", "policy", "vllm")
 _SAMPLE_SEED = 0x5EED << 32  # keeps the sampling generator's seeds apart from the data batches'
 
 
@@ -79,6 +82,17 @@ def collect(trainer: Trainer, step: int) -> Rollouts:
     policy = rollout_policy(model, cfg.rollout_precision)
     g = sample_generator(cfg.seed, step, 0 if d is None else d.dp_rank)
     responses, logp_roll = sample(policy, prompts, cfg.response_len, temperature=cfg.temperature, generator=g)
+    return scored(trainer, prompts, responses, logp_roll)
+
+
+@torch.no_grad()
+def scored(
+    trainer: Trainer, prompts: torch.Tensor, responses: torch.Tensor, logp_roll: torch.Tensor
+) -> Rollouts:
+    """Sampled responses (by this process or by a rollout engine) -> Rollouts: logp_old from the training
+    forward under the current weights, rewards and group advantages."""
+    cfg, model, d = trainer.cfg, trainer.model, trainer.dist
+    trainer.probe.active = trainer.balancer.active = False
     model.train()
     logp_old = torch.empty_like(logp_roll)
     for rows in minibatch_rows(prompts.shape[0], cfg.minibatches):
@@ -108,7 +122,12 @@ def rl_step(trainer: Trainer, step: int) -> dict:
     for o in trainer.optimizers:
         for g in o.param_groups:
             g["lr"] = lr
-    ro = collect(trainer, step)
+    return update(trainer, collect(trainer, step), step, lr, t0)
+
+
+def update(trainer: Trainer, ro: Rollouts, step: int, lr: float, t0: float) -> dict:
+    """The IcePop updates of step `step` on `ro` -> the step's metrics record."""
+    cfg = trainer.cfg
     trainer.probe.reset()
     trainer.probe.active = trainer.balancer.active = True
     losses, clipped, gnorms, violations = [], [], [], []
@@ -136,6 +155,7 @@ def rl_step(trainer: Trainer, step: int) -> dict:
         "clipped": sum(clipped) / len(clipped),
         "mismatch_min": float(k.min()),
         "mismatch_max": float(k.max()),
+        "mismatch_outside": float(((k < 0.5) | (k > 2.0)).float().mean()),  # pi_train / pi_rollout
         "ppo_ratio_min": r_min,
         "ppo_ratio_max": r_max,
         "lr": lr,
@@ -166,6 +186,20 @@ def check_rl_options(cfg: TrainConfig) -> None:
             ),
             ("temperature", cfg.temperature > 0, "> 0"),
             ("rollout_precision", cfg.rollout_precision in PRECISIONS, f"one of {PRECISIONS}"),
+            ("rollout_engine", cfg.rollout_engine in ROLLOUT_ENGINES, f"one of {ROLLOUT_ENGINES}"),
+            ("push_every", cfg.push_every >= 1, ">= 1"),
+            (
+                "max_staleness",
+                cfg.max_staleness >= cfg.push_every - 1,
+                f">= push_every - 1 = {cfg.push_every - 1} (a batch of step n waits for version n - "
+                "max_staleness, which the pushes every push_every steps reach only then)",
+            ),
+            ("engine_tp", cfg.engine_tp >= 1, ">= 1"),
+            (
+                "rollout_precision",
+                cfg.rollout_engine == "sync" or cfg.rollout_precision == "bf16",
+                "bf16 with a rollout engine (the engine samples in its own precision)",
+            ),
         )
         if not ok
     ]

@@ -1,0 +1,129 @@
+"""vLLM with the project's plugin (glm5/vllm) as the rollout engine of asynchronous RL
+(glm5/train/rl_async.py).
+
+Token in, token out: prompts go in as `prompt_token_ids`, each response comes back as token ids with the
+sampled token's log-prob (`logprobs=0`, `logprobs_mode="processed_logprobs"`: after the temperature, as the
+trainer's `sequence_logprobs` takes them). vLLM's V1 engine core runs in its own process (and at TP > 1 one
+worker process per rank); `push` sends the whole checkpoint-named tensors to every worker through
+`apply_model` (vLLM's `collective_rpc`), where the plugin's `update_weights` copies each rank's slice
+of the parallel plan in place (no disk reload), then resets the prefix cache (it holds keys of the old
+weights). vLLM pickles the function it sends to the workers, hence VLLM_ALLOW_INSECURE_SERIALIZATION=1 in
+the engine's environment (the data stays inside this machine's processes; checkpoints are never pickled).
+
+The engine starts from a copy of the trainer's weights written as a float checkpoint into a temporary
+directory (vLLM loads a model from a directory), removed by `close`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from glm5.train.engine_local import Generation, NamedTensors
+
+
+class VllmUnavailable(RuntimeError):
+    """vLLM is not installed in this environment."""
+
+
+def vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _update(named: NamedTensors, model) -> int:
+    # runs in each vLLM worker on the plugin's model (module-level, so it pickles by reference)
+    return len(model.update_weights(named))
+
+
+class VllmEngine:
+    """vLLM serving the policy through the plugin at `tensor_parallel_size` ranks on this machine."""
+
+    def __init__(
+        self,
+        model,
+        named: NamedTensors,
+        version: int = 0,
+        *,
+        tensor_parallel_size: int = 1,
+        max_model_len: int = 256,
+        max_num_seqs: int = 64,
+        kv_cache_memory_bytes: int = 1 << 26,
+    ) -> None:
+        if not vllm_installed():
+            raise VllmUnavailable("vLLM is not installed (pip install the 'vllm' extra)")
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        from vllm import LLM
+
+        from glm5.train.engine_local import PolicyEngine
+
+        self._dir = tempfile.TemporaryDirectory(prefix="glm5-rollout-engine-")
+        whole = PolicyEngine(model.config, model.backend.name, named, version)  # a whole copy to save
+        whole.model.save_pretrained(Path(self._dir.name))
+        whole.close()
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.llm = LLM(
+            self._dir.name,
+            hf_overrides={"architectures": ["Glm5BackendsForCausalLM"]},
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max(max_model_len, 256),
+            max_num_seqs=max_num_seqs,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            dtype=dtype,
+            seed=0,
+            tensor_parallel_size=tensor_parallel_size,
+            distributed_executor_backend="mp" if tensor_parallel_size > 1 else None,
+            logprobs_mode="processed_logprobs",
+        )
+        self.version = version
+        self.pushes = 0
+
+    def generate(
+        self, prompts: torch.Tensor, new_tokens: int, *, temperature: float, seed: int
+    ) -> Generation:
+        from vllm import SamplingParams
+
+        rows = prompts.tolist()
+        params = [
+            SamplingParams(
+                max_tokens=new_tokens,
+                min_tokens=new_tokens,
+                temperature=temperature,
+                seed=seed * 1_000_003 + i,
+                ignore_eos=True,
+                detokenize=False,
+                logprobs=0,
+            )
+            for i in range(len(rows))
+        ]
+        outs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
+        ids, logp = [], []
+        for o in outs:
+            c = o.outputs[0]
+            ids.append(list(c.token_ids))
+            logp.append([lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)])
+        return Generation(
+            torch.tensor(ids, dtype=torch.int64), torch.tensor(logp, dtype=torch.float32), self.version
+        )
+
+    def push(self, named: NamedTensors, version: int) -> None:
+        self.llm.apply_model(partial(_update, named))
+        self.llm.reset_prefix_cache()
+        self.version = version
+        self.pushes += 1
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+        self._dir.cleanup()

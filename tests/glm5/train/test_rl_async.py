@@ -1,0 +1,121 @@
+"""Asynchronous RL (glm5/train/rl_async.py) with the in-process policy engine (the project's decode path
+on its own copy of the weights, glm5/train/engine_local.py): pushes every K steps reach the engine, every
+batch is at most max_staleness versions old, a fully on-policy setting has a mismatch of 1, the options are
+checked, and `--rollout-engine vllm` without vLLM is one line with exit code 2. The loop with vLLM as the
+engine: tests/vllm/test_rl_async.py."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from glm5.cli import main
+from glm5.config import GLM5Config
+from glm5.model import GLM5ForCausalLM
+from glm5.train import rl_async
+from glm5.train.engine_local import PolicyEngine, checkpoint_tensors
+from glm5.train.engine_vllm import vllm_installed
+from glm5.train.loop import TrainConfig, Trainer
+
+ASYNC = dict(
+    stage="rl",
+    batch_size=2,
+    group_size=4,
+    prompt_len=8,
+    response_len=6,
+    seq_len=16,
+    warmup_steps=0,
+    eval_every=1000,
+    eval_batches=1,
+    save_every=1000,
+    max_bytes=64 << 10,
+    ppo_epochs=1,
+    lr=1e-2,
+    rollout_engine="policy",
+)
+
+
+def _run(out, steps, **kw) -> tuple[Trainer, list[dict]]:
+    trainer = Trainer(TrainConfig(**dict(ASYNC, steps=steps, **kw)), out)
+    try:
+        trainer.run(progress=False)
+    finally:
+        rl_async.close(trainer)
+    return trainer, [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_pushes_reach_the_engine_and_staleness_stays_bounded(tmp_path):
+    trainer, recs = _run(tmp_path, 6, push_every=2, max_staleness=2)
+    versions = [r["engine_version"] for r in recs]
+    # batch n may be sampled by any version >= n - 2 the pushes (after steps 2 and 4) have reached
+    assert all(v % 2 == 0 and n - 2 <= v <= n for n, v in enumerate(versions)), versions
+    assert versions[3] == 2 and versions[5] == 4, versions  # only the pushed weights satisfy the bound
+    assert [r["staleness_max"] for r in recs] == [n - v for n, v in enumerate(versions)]
+    assert recs[-1]["engine_pushes"] == 2
+    for r in recs:
+        assert r["staleness_max"] <= 2 and 0 <= r["overlap"] <= 1
+        assert r["rollout_tokens_per_s"] > 0 and r["train_tokens_per_s"] > 0
+        assert 0 <= r["mismatch_outside"] <= 1 and r["mismatch_min"] <= r["mismatch_max"]
+
+
+def test_on_policy_setting_samples_with_the_trainers_weights(tmp_path):
+    _, recs = _run(tmp_path, 3, push_every=1, max_staleness=0)
+    assert [r["engine_version"] for r in recs] == [0, 1, 2]
+    assert [r["staleness_max"] for r in recs] == [0, 0, 0]
+    for r in recs:  # the decode path and the training forward differ only by rounding
+        assert math.isclose(r["mismatch_min"], 1.0, abs_tol=1e-3)
+        assert math.isclose(r["mismatch_max"], 1.0, abs_tol=1e-3)
+
+
+def test_a_push_replaces_the_engines_weights():
+    cfg = GLM5Config.from_preset("tiny")
+    a, b = (GLM5ForCausalLM(cfg, backend="reference") for _ in range(2))
+    a.init_weights(0)
+    b.init_weights(1)
+    engine = PolicyEngine(cfg, "reference", checkpoint_tensors(a.state_dict(), cfg.tie_word_embeddings))
+    prompts = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    before = engine.generate(prompts, 6, temperature=1.0, seed=3)
+    assert torch.equal(before.responses, engine.generate(prompts, 6, temperature=1.0, seed=3).responses)
+    engine.push(checkpoint_tensors(b.state_dict(), cfg.tie_word_embeddings), 7)
+    after = engine.generate(prompts, 6, temperature=1.0, seed=3)
+    assert after.version == 7 and engine.pushes == 1
+    assert not torch.equal(before.logprobs, after.logprobs)
+    for name, p in b.state_dict().items():
+        assert torch.equal(engine.model.state_dict()[name], p), name
+
+
+def test_intervals_overlap():
+    a, b = rl_async.Intervals(), rl_async.Intervals()
+    for s, e in ((0, 2), (3, 5)):
+        a.add(s, e)
+    for s, e in ((1, 4), (4.5, 6)):
+        b.add(s, e)
+    assert a.total() == 4 and a.overlap(b) == pytest.approx(1 + 1 + 0.5) == b.overlap(a)
+
+
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        (dict(push_every=3, max_staleness=1), "max_staleness"),
+        (dict(rollout_engine="ray"), "rollout_engine"),
+        (dict(rollout_precision="fp8"), "rollout_precision"),
+    ],
+)
+def test_options_are_checked(kw, name):
+    with pytest.raises(ValueError, match=f"^{name}: expected"):
+        TrainConfig(**dict(ASYNC, **kw))
+
+
+def test_cli_refuses_inconsistent_staleness_and_a_missing_vllm(tmp_path):
+    args = ["train", "--stage", "rl", "--steps", "1", "--out", str(tmp_path / "run"), "--quiet"]
+    r = CliRunner().invoke(main, [*args, "--rollout-engine", "policy", "--push-every", "3"])
+    assert r.exit_code == 2 and "max_staleness: expected >= push_every - 1" in r.output, r.output
+    if vllm_installed():
+        pytest.skip("vLLM is installed here")
+    r = CliRunner().invoke(main, [*args, "--rollout-engine", "vllm"])
+    assert r.exit_code == 2 and "vLLM is not installed" in r.output, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "run").exists()
