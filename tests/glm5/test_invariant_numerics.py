@@ -1,0 +1,137 @@
+"""The arithmetic of the layout-invariant mode (backends/reference/invariant.py, SPEC 12): exact products
+under any K split, row subset or transpose; the stated precision; formula transcendentals within a few
+ulp of torch and independent of an element's position; the fixed tree."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from backends.reference import invariant as num
+from glm5.parallel.invariant import layout_invariant
+
+
+def _g(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((a.view(torch.int32).long() - b.view(torch.int32).long()).abs().max())
+
+
+def test_a_k_split_summed_as_integer_partials_is_the_unsplit_product():
+    a, b = torch.randn(9, 96, generator=_g()), torch.randn(96, 7, generator=_g(1))
+    full = num.exact_matmul(a, b)
+    parts = [(a[:, i : i + 24], b[i : i + 24]) for i in range(0, 96, 24)]  # K over 4 ranks
+    # what the ranks exchange: the maxima (elementwise max) and the integer partials (summed, any order)
+    row = torch.stack([pa.abs().amax(-1) for pa, _ in parts]).amax(0)
+    col = torch.stack([pb.abs().amax(-2) for _, pb in parts]).amax(0)
+    t, e, f = num.grid_bits(96), num.scale_exponent(row), num.scale_exponent(col)
+    ints = [num.to_grid(pa, e[:, None], t) @ num.to_grid(pb, f[None, :], t) for pa, pb in parts]
+    for order in (ints, ints[::-1], [ints[2], ints[0], ints[3], ints[1]]):
+        assert torch.equal(num.scaled(sum(order), e, f, t, torch.float32), full)
+    # the same through exact_matmul's hooks, as a rank calls it
+    for r, (pa, pb) in enumerate(parts):
+        got = num.exact_matmul(
+            pa,
+            pb,
+            k_total=96,
+            max_over=lambda m: row if m.shape == row.shape else col,
+            sum_over=lambda p, r=r: sum(ints[:r]) + p + sum(ints[r + 1 :]),
+        )
+        assert torch.equal(got, full)
+    plain = sum(pa @ pb for pa, pb in parts)  # a float split sum: not the unsplit bits here
+    assert not torch.equal(plain, full)
+
+
+def test_row_subsets_batches_and_transposes_are_the_same_bits():
+    a, b = torch.randn(33, 200, generator=_g(2)), torch.randn(200, 17, generator=_g(3))
+    full = num.exact_matmul(a, b)
+    assert torch.equal(num.exact_matmul(a[5:6], b), full[5:6])
+    assert torch.equal(num.exact_matmul(a[[3, 1, 30]], b[:, [2, 16]]), full[[3, 1, 30]][:, [2, 16]])
+    assert torch.equal(num.exact_matmul(b.T.contiguous(), a.T.contiguous()), full.T)
+    stacked = num.exact_matmul(torch.stack([a, a.flip(0)]), torch.stack([b, b]))
+    assert torch.equal(stacked[0], full) and torch.equal(stacked[1], full.flip(0))
+
+
+@pytest.mark.parametrize("k", [1, 7, 64, 6144])
+def test_precision_is_t_bits_of_the_row_and_column_maxima(k):
+    t = num.grid_bits(k)
+    assert t == (53 - math.ceil(math.log2(k))) // 2
+    a, b = torch.randn(8, k, generator=_g(4)), torch.randn(k, 5, generator=_g(5))
+    a[3] = 0  # a zero row works (e = 0) and gives zeros
+    got = num.exact_matmul(a, b).double()
+    want = a.double() @ b.double()
+    # each input moves at most half a grid step 2^(e - t); fp32 rounding of the result on top
+    bound = k * 2.0**-t * (a.abs().amax(1, keepdim=True).double() * 2 * b.abs().amax(0).double())
+    assert ((got - want).abs() <= bound + want.abs() * 2**-23).all()
+    assert torch.equal(got[3], torch.zeros(5, dtype=torch.float64))
+
+
+def test_bf16_inputs_give_the_output_dtype():
+    a, b = torch.randn(4, 32, generator=_g(6)).bfloat16(), torch.randn(32, 3, generator=_g(7)).bfloat16()
+    out = num.exact_matmul(a, b)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, (a.double() @ b.double()).bfloat16())
+
+
+@pytest.mark.parametrize(
+    "ours, theirs, lo, hi",
+    [
+        (num.exp, torch.exp, -87.0, 88.0),
+        (num.sigmoid, torch.sigmoid, -30.0, 30.0),
+        (num.silu, torch.nn.functional.silu, -30.0, 30.0),
+        (num.log, torch.log, 1e-30, 1e30),
+    ],
+)
+def test_transcendentals_within_one_ulp_of_the_correctly_rounded_value(ours, theirs, lo, hi):
+    x = torch.rand(200_000, generator=_g(8)) * (hi - lo) + lo
+    if ours is num.log:
+        x = torch.exp(torch.rand(200_000, generator=_g(8)) * 138 - 69)
+    got, want = ours(x), theirs(x.double()).float()
+    assert _ulps(got, want) <= 1
+    assert _ulps(got, theirs(x)) <= 4  # and near torch's own fp32 kernel
+
+
+def test_transcendental_edges():
+    x = torch.tensor([-math.inf, -1e4, 0.0, 1e4, math.inf, math.nan])
+    assert num.exp(x)[:5].tolist() == [0.0, 0.0, 1.0, math.inf, math.inf] and num.exp(x)[5].isnan()
+    assert num.log(torch.tensor([0.0, 1.0, math.inf]).float()).tolist() == [-math.inf, 0.0, math.inf]
+    assert num.log(torch.tensor([-1.0])).isnan().all()
+    ang = torch.rand(10_000, generator=_g(9), dtype=torch.float64) * 1e5
+    assert (num.sin(ang) - torch.sin(ang)).abs().max() < 1e-12
+    assert (num.cos(ang) - torch.cos(ang)).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("fn", [num.exp, num.sigmoid, num.silu, num.log, num.cos])
+def test_an_elements_bits_do_not_depend_on_its_position_or_the_length(fn):
+    x = torch.rand(1037, generator=_g(10)) * 20 + 0.01
+    full = fn(x)
+    for start, n in [(0, 1), (5, 3), (100, 17), (1000, 37), (3, 1031)]:
+        assert torch.equal(fn(x[start : start + n].clone()), full[start : start + n])
+
+
+def test_tree_sum_is_a_fixed_tree_whose_aligned_blocks_are_subtrees():
+    x = torch.randn(5, 1000, generator=_g(11))
+    s = num.tree_sum(x, -1)
+    assert torch.equal(num.tree_sum(x[2:3], -1), s[2:3])
+    assert torch.equal(num.tree_sum(x.T.contiguous(), 0), s)
+    padded = torch.cat([x, torch.zeros(5, 24)], -1)  # the tree pads to 1024 with zeros itself
+    halves = num.tree_sum(padded[:, :512], -1) + num.tree_sum(padded[:, 512:], -1)
+    assert torch.equal(halves, s)  # two aligned halves: the tree's last level
+    torch.testing.assert_close(s, x.double().sum(-1).float())
+
+
+def test_the_mode_reroutes_the_models_arithmetic():
+    a, w = torch.randn(37, 64, generator=_g(12)), torch.randn(48, 64, generator=_g(13))
+    with layout_invariant():
+        full = torch.sigmoid(torch.nn.functional.linear(a, w))
+        part = torch.sigmoid(torch.nn.functional.linear(a[:5], w))
+        sm = torch.softmax(a, -1)
+        mean = a.pow(2).mean(-1)
+    assert torch.equal(full[:5], part)
+    assert torch.equal(full, num.sigmoid(num.exact_matmul(a, w.T)))
+    assert torch.equal(sm, num.softmax(a, -1))
+    assert torch.equal(mean, num.tree_sum(a * a, -1) / 64)
