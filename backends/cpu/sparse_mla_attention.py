@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from backends import invariant
 from backends.caps import OpCaps, OpImpl
 from backends.cpu._cache import flat, rows_of
 from backends.cpu._parallel import run_blocks
 from backends.cpu._workspace import buffer
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
-from backends.reference import invariant
 from backends.reference import sparse_mla_attention as reference
 
 # Bound the gathered [tq, topk, d_qk] keys (elements): 4M fp32 = 16 MiB, a few queries at topk 2048.

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from backends import invariant
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.ops import FLOATS
-from backends.reference import invariant
 from backends.reference.w4a8_matmul import w4a8_matmul
 from backends.reference.w8a8_matmul import w8a8_matmul
 

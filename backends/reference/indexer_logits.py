@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import torch
 
+from backends import invariant
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.intra_op import one_thread
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
-from backends.reference import invariant
 from backends.reference._cache import causal_counts, keys_at, keys_of_request
 
 # Bound the [tq, H_I, S] fp32 intermediate (elements).

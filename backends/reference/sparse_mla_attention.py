@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
+from backends import invariant
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
-from backends.reference import invariant
 from backends.reference._cache import gather_rows, keys_at
 
 # Bound the gathered [tq, topk, d_qk] fp32 keys (elements).

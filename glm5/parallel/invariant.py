@@ -6,7 +6,7 @@ or expert-parallel layout, batch size and prefill/decode split, on a backend tha
     with layout_invariant(model.backend):
         logits = model(ids).logits
 
-Inside, a TorchDispatchMode computes the model's own arithmetic with `backends.reference.invariant`:
+Inside, a TorchDispatchMode computes the model's own arithmetic with `backends.invariant`:
 every matrix product exactly (fixed-point, fp64), reductions by a fixed tree, exp / log / sigmoid / silu
 / sin / cos by fixed formulas. The backend ops read the same flag and do the same inside. A row-parallel
 linear of the plan (glm5/parallel/plan.py) takes its row and column maxima over the group and sums the
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from backends.reference import invariant as num
+from backends import invariant as num
 
 aten = torch.ops.aten
 ENV = "GLM5_LAYOUT_INVARIANT"
