@@ -58,6 +58,7 @@ class VllmEngine:
         if not vllm_installed():
             raise VllmUnavailable("vLLM is not installed (pip install the 'vllm' extra)")
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        os.environ["GLM5_BACKEND"] = model.backend.name  # the plugin computes on the trainer's backend
         from vllm import LLM
 
         from glm5.train.engine_local import PolicyEngine
