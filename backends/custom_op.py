@@ -1,6 +1,6 @@
-"""What every `torch.ops.glm5.<op>` custom op runs on (backends/library.py registers them): the registry
-of live backend instances the ops reach by key, the SeqLayout's trip across the op boundary, the
-no-aliasing rule for outputs, and the call of a backend's declared backward (`OpImpl.backward`).
+"""What every `torch.ops.glm5.<op>` custom op runs on (backends/decl_torch.py registers them): the registry
+of live backend instances the ops reach by key, the no-aliasing rule for outputs, and the call of a
+backend's declared backward (`OpImpl.backward`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-
-from backends.layout import SeqLayout
 
 if TYPE_CHECKING:
     from backends.interface import Backend
@@ -37,15 +35,6 @@ def instance(key: str) -> Backend:
     if be is None:
         raise RuntimeError(f"backend instance {key!r} no longer exists (a graph outlived its backend?)")
     return be
-
-
-def _layout(cu_q: Tensor, seqlens_k: Tensor, cu_k: Tensor | None, bt: Tensor | None, max_k: int) -> SeqLayout:
-    return SeqLayout(cu_q, seqlens_k, cu_k, bt, max_k if max_k >= 0 else None, trusted=True)
-
-
-def layout_args(layout: SeqLayout) -> tuple:
-    """A SeqLayout as custom-op arguments: its four tensors and max_seqlen_k (-1 if unknown)."""
-    return (*layout.tensors(), -1 if layout.max_seqlen_k is None else layout.max_seqlen_k)
 
 
 def _storages(ts: Sequence[Any]) -> set[int]:
@@ -76,37 +65,3 @@ def run_backward(key: str, op: str, args: dict[str, Any], outputs: tuple, grad_o
 
 def _lib_op(name: str):
     return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=())
-
-
-def run_attention(
-    op: str,
-    backend: str,
-    q: Tensor,
-    kv_cache: Tensor,
-    indices: Tensor,
-    layout_tensors: tuple,
-    sm_scale: float,
-    d_v: int,
-    return_lse: bool,
-) -> tuple[Tensor, Tensor]:
-    """The body of the sparse-attention custom ops (bf16 and FP8 caches): lse is an empty [0] float32
-    tensor when return_lse is False (a schema has no optional outputs)."""
-    layout = _layout(*layout_tensors)
-    args = dict(
-        q=q,
-        kv_cache=kv_cache,
-        indices=indices,
-        layout=layout,
-        sm_scale=sm_scale,
-        d_v=d_v,
-        return_lse=return_lse,
-    )
-    out, lse = _run(backend, op, args)
-    if not return_lse or lse is None:
-        lse = q.new_empty((0,), dtype=torch.float32)
-    return out, lse
-
-
-def attention_fake(q: Tensor, d_v: int, return_lse: bool) -> tuple[Tensor, Tensor]:
-    t, h, _ = q.shape
-    return q.new_empty((t, h, d_v)), q.new_empty((t, h) if return_lse else (0,), dtype=torch.float32)

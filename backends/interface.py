@@ -31,6 +31,7 @@ from backends import custom_op, library
 from backends.borrow import BorrowLedger, borrowed_impl, check_names
 from backends.cache_layout import ONE_TENSOR, MLACacheLayout, MLAPools, arg_tensors, cache_kind
 from backends.caps import OpCaps, OpImpl
+from backends.decl import check_interface
 from backends.errors import NotSupported
 from backends.interface_fp8 import FP8Ops
 from backends.layout import SeqLayout
@@ -438,3 +439,7 @@ class Backend(FP8Ops):  # FP8Ops: the FP8 ops of SPEC 7 (backends/interface_fp8.
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} on {self.device}>"
+
+
+# the typed methods above (Backend and its FP8Ops mixin) take exactly each op's declared arguments
+check_interface(Backend, OPS)

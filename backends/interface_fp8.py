@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from backends import library_fp8  # noqa: F401  (registers torch.ops.glm5.fp8_*)
 from backends.layout import SeqLayout
 
 

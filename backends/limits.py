@@ -9,56 +9,16 @@ Free-text facts that are not bounds go to `OpCaps.notes`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from backends.decls import DECLS
 
-def _q(a: dict[str, Any], name: str, dim: int) -> int:
-    return a[name].shape[dim]
-
-
-def _max_keys(a: dict[str, Any]) -> int | None:
-    return a["layout"].max_seqlen_k  # the host int the layout carries (None: unknown, not checked)
-
-
-#: op -> quantity -> how to measure it on the interface's arguments (no host reads)
-QUANTITIES: dict[str, dict[str, Callable[[dict[str, Any]], int | None]]] = {
-    "topk": {"k": lambda a: a["k"], "columns": lambda a: _q(a, "x", 1)},
-    "indexer_logits": {
-        "index_heads": lambda a: _q(a, "q", 1),
-        "index_head_dim": lambda a: _q(a, "q", 2),
-        "keys": _max_keys,
-    },
-    "indexer_topk": {
-        "index_heads": lambda a: _q(a, "q", 1),
-        "index_head_dim": lambda a: _q(a, "q", 2),
-        "keys": _max_keys,
-        "topk": lambda a: a["topk"],
-    },
-    "sparse_mla_attention": {
-        "heads": lambda a: _q(a, "q", 1),
-        "d_qk": lambda a: _q(a, "q", 2),
-        "d_v": lambda a: a["d_v"],
-        "d_qk_minus_d_v": lambda a: _q(a, "q", 2) - a["d_v"],
-        "topk": lambda a: _q(a, "indices", 1),
-    },
-    "dynamic_quant_int8": {"K": lambda a: _q(a, "x", 1)},
-    "w8a8_matmul": {"K": lambda a: _q(a, "x_q", 1), "N": lambda a: _q(a, "w_q", 0)},
-    "w4a8_matmul": {
-        "K": lambda a: _q(a, "x_q", 1),
-        "N": lambda a: _q(a, "w_packed", 0),
-        "group_size": lambda a: a["group_size"],
-    },
-    "grouped_matmul": {
-        "K": lambda a: _q(a, "x", 1),
-        "experts": lambda a: _q(a, "w", 0),
-        "group_size": lambda a: a["group_size"],
-    },
-    "linear_cross_entropy": {"vocab": lambda a: _q(a, "weight", 0)},
+#: op -> quantity -> how to measure it on the interface's arguments (no host reads): each op's declaration's
+QUANTITIES: dict[str, Mapping[str, Callable[[dict[str, Any]], int | None]]] = {
+    name: d.quantities for name, d in DECLS.items()
 }
-QUANTITIES["fp8_indexer_logits"] = QUANTITIES["indexer_logits"]
-QUANTITIES["fp8_indexer_topk"] = QUANTITIES["indexer_topk"]
 
 
 @dataclass(frozen=True)
