@@ -4,8 +4,9 @@ the plugin serves, their per-device memory, and the command, or why the plugin c
 What the plugin shards (glm5/vllm/model.py, glm5/vllm/parallel.py, glm5/parallel/plan.py):
 - tensor parallel inside one node: whole heads of the MLA up-projections, row-parallel o_proj / down
   projections, vocab-parallel embedding and head; router, indexer and the latent / indexer caches whole on
-  every rank. A quantized checkpoint (W8A8, W4A8, GLM-5-FP8) is split the same way, but each rank reads
-  it whole first and keeps its slices: its whole size must fit one device at load;
+  every rank. A quantized checkpoint (W8A8, W4A8, GLM-5-FP8) is split the same way and read through
+  vLLM's weight iterator, each rank reading only its slice of every stored tensor (glm5/vllm/weights.py):
+  at load a rank holds its weights plus one weight in flight (`load_peak_bytes`);
 - expert parallel only over the tensor-parallel group (whole experts per TP rank), so no data parallelism
   beside it; no data-parallel attention: data parallelism is whole independent replicas;
 - its caches: the model dtype, or `fp8_ds_mla` (656-byte latent rows, plus the 132-byte FP8 indexer cache
@@ -23,7 +24,7 @@ from typing import Any
 
 from glm5.deploy import memory
 from glm5.deploy.inventory import ShardError
-from glm5.deploy.plan import FLOAT_RECIPE, GIB, Request, weights_for
+from glm5.deploy.plan import GIB, Request, weights_for
 from glm5.vllm import HF_OVERRIDES
 
 #: GLM5_BACKEND of the plugin per machine vendor
@@ -47,6 +48,7 @@ class PluginLayout:
     violations: list[str] = field(default_factory=list)
     per_device: dict[str, int] = field(default_factory=dict)
     seqs_per_replica: int = 0
+    load_peak: int = 0  # bytes a rank holds while loading: its weights + one weight in flight
 
     @property
     def fits(self) -> bool:
@@ -65,6 +67,7 @@ class PluginLayout:
             "fits": self.fits,
             "max_concurrent_seqs": self.dp * self.seqs_per_replica if self.fits else 0,
             "per_device_bytes": self.per_device,
+            "load_peak_bytes": self.load_peak,
             "violations": self.violations,
         }
 
@@ -168,17 +171,19 @@ def _evaluate(req: Request, tp: int, dp: int, ep: bool, kv: str, idx: str) -> Pl
         "workspace": work,
     }
     lay.per_device.update(total=sum(lay.per_device.values()), usable=usable)
-    whole = sum(w.rank_bytes(1, 1, False) for w in weights if not w.mtp) + draft
-    if req.recipe != FLOAT_RECIPE and tp > 1 and whole + work > usable:
+    # in flight at load, bounded: the largest stored weight whole (the rank copies only its slice out of
+    # vLLM's memory-mapped tensor, but an eager iterator hands it over read) and its slice decoded
+    one = max((sum(p.nbytes for p in w.parts) for w in weights if not w.mtp), default=0)
+    lay.load_peak = main + draft + 2 * one
+    if lay.load_peak > usable:
         lay.violations.append(
-            f"{lay.name()}: the plugin reads a {req.recipe} checkpoint whole on every rank before splitting "
-            f"it: {whole / GIB:.1f} GiB at load exceed the usable {usable / GIB:.1f} GiB per device"
+            f"{lay.name()}: {lay.load_peak / GIB:.1f} GiB per device at load (the rank's weights and one "
+            f"weight in flight) exceed the usable {usable / GIB:.1f} GiB"
         )
     if free < 0:
         lay.violations.append(
             f"{lay.name()}: weights {(main + draft) / GIB:.1f} GiB + workspace {work / GIB:.1f} GiB per "
             f"device exceed the usable {usable / GIB:.1f} GiB"
-            + ("" if req.recipe == FLOAT_RECIPE else f" (the plugin loads a {req.recipe} checkpoint whole)")
         )
     elif n < 1:
         lay.violations.append(

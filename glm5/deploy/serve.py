@@ -295,6 +295,7 @@ def plugin_text(pp: PluginPlan) -> list[str]:
         f"{head}: {lay.name()}, caches {lay.kv_fmt} / indexer {lay.idx_fmt}"
         + ("" if lay.fits else "   DOES NOT FIT"),
         "  per device: " + ", ".join(f"{k} {pd[k] / GIB:.2f} GiB" for k in pd),
+        f"  per device at load: {lay.load_peak / GIB:.2f} GiB (its own slices read, one weight in flight)",
     ]
     lines.append(f"  {pp.command}" if pp.command else f"  not served: {pp.reason()}")
     return lines

