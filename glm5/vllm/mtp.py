@@ -7,14 +7,18 @@ kernels). For `Glm5BackendsForCausalLM` the plugin's config hook points the draf
 else. The draft is the project's `MTPLayer` (glm5/model.py) with its own paged latent and indexer caches in
 vLLM's pool; draft j > 1 chains the MTP layer on its own output (the pre-norm hidden state), exactly as
 `glm5.generate.generate_speculative` does, so vLLM accepts the drafts `glm5 generate --mtp N` accepts.
-The embedding is the target's (vLLM shares it); the draft reads the checkpoint once and keeps only the MTP
-layers, their head norm and the output head.
+
+The draft is split as the target is: the one parallel plan (glm5/parallel/plan.py) over vLLM's groups, and
+a float checkpoint's MTP tensors come through vLLM's weight iterator, each rank keeping its slice
+(glm5/vllm/weights.py). It holds only the MTP layers: the embedding and the output head are the target's,
+which vLLM hands the draft (`embed_tokens` through the target's `model`, `lm_head` directly), split by the
+same plan.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -24,15 +28,20 @@ from vllm.forward_context import get_forward_context
 from vllm.platforms import current_platform
 
 import backends
+from glm5 import formats
 from glm5.attention import Step
 from glm5.cache import StepSlots
 from glm5.checkpoint import read_config
 from glm5.config import GLM5Config
 from glm5.layers import rope_angles
 from glm5.model import GLM5ForCausalLM
+from glm5.parallel.plan import apply
+from glm5.parallel.plan import check as check_plan
+from glm5.vllm import weights as weights_module
 from glm5.vllm.cache import Glm5CacheLayer
 from glm5.vllm.fp8_cache import CacheFormats, FP8CacheOps, FP8PagedCaches
 from glm5.vllm.names import MTP_ARCHITECTURE
+from glm5.vllm.parallel import groups
 
 #: the drafts vLLM would pick for a glm_moe_dsa checkpoint (SpeculativeConfig.hf_config_override)
 VLLM_MTP_ARCHITECTURES = ("DeepseekV32MTPModel", "DeepSeekMTPModel")
@@ -70,8 +79,20 @@ class Glm5BackendsMTP(nn.Module):
                 "speculative_config: method 'mtp' needs an MTP layer, the checkpoint has "
                 "num_nextn_predict_layers 0"
             )
+        self.tp, self.ep = groups(vllm_config.parallel_config)  # the target's groups: the same plan
+        if self.tp is not None:
+            check_plan(c, self.tp.size, 1 if self.ep is None else self.ep.size)
+        #: float checkpoints: vLLM's iterator, each rank its slice; quantized ones: the project's readers
+        self.quantized = formats.claiming(self.path) is not None or formats.looks_quantized(self.path)
         with torch.device("meta"):
-            self._set_model(GLM5ForCausalLM(c, backend=self.backend, dtype=self.dtype))
+            glm = GLM5ForCausalLM(c, backend=self.backend, dtype=self.dtype)
+        if not self.quantized:
+            self.names = weights_module.CheckpointNames(glm)  # before the split: full shapes
+            self._set_model(self._split(glm))
+            self.glm.to_empty(device=torch.get_default_device())  # local slices only
+            self.glm.requires_grad_(False).eval()
+        else:
+            self._set_model(_mtp_only(glm))
         fmt = CacheFormats(c, cc.cache_dtype, self.backend, self.dtype)
         n = c.num_hidden_layers
         latent, index_k = [], []
@@ -84,12 +105,25 @@ class Glm5BackendsMTP(nn.Module):
         self.step_backend = FP8CacheOps(self.backend, fmt.index_head_dim) if fmt.fp8_latent else self.backend
         self.cache_names = [m.prefix for m in latent + index_k]
 
+    def _split(self, glm: GLM5ForCausalLM) -> GLM5ForCausalLM:
+        """The plan applied to the whole model (so parameter names and slices are the target's), then
+        everything but the MTP layers dropped."""
+        if self.tp is not None:
+            apply(glm, tp=self.tp, ep=self.ep)
+        return _mtp_only(glm)
+
     def _set_model(self, glm: GLM5ForCausalLM) -> None:
-        """Keep the MTP layers, the embedding (vLLM replaces it with the target's) and the output head."""
-        n = glm.config.num_hidden_layers
-        glm.model.layers = nn.ModuleList(list(glm.model.layers)[n:])
         self.glm = glm
-        self.model = glm.model  # vLLM shares the target's embedding through draft.model.embed_tokens
+        self.model = glm.model  # vLLM gives the draft the target's embedding through draft.model.embed_tokens
+        self.mtp_layers = [
+            glm.model.layers[i] for i in range(glm.config.num_hidden_layers, len(glm.model.layers))
+        ]
+
+    def _head(self) -> nn.Module:
+        head = self._modules.get("lm_head")
+        if head is None:  # vLLM shares the target's head with an MTP draft when the target has `lm_head`
+            raise RuntimeError("Glm5BackendsMTP: vLLM did not give the MTP draft the target's lm_head")
+        return head
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -119,7 +153,7 @@ class Glm5BackendsMTP(nn.Module):
             cos, sin = rope_angles(pos, self.config.qk_rope_head_dim, self.config.rope_theta)
             step = Step(self.step_backend, StepSlots(md.layout, pos, md.slot_mapping), cos, sin, self.caches)
             self.counts["draft_steps"] += 1
-        layer = self.glm.model.layers[spec_step_idx % len(self.glm.model.layers)]
+        layer = self.mtp_layers[spec_step_idx % len(self.mtp_layers)]
         emb = self.model.embed_tokens(input_ids[:n])
         # the embedding at position 0 is zeroed (glm5.model.GLM5ForCausalLM.mtp_forward, vLLM's MTP layer)
         emb = emb.masked_fill((step.slots.positions == 0)[:, None], 0.0)
@@ -131,12 +165,37 @@ class Glm5BackendsMTP(nn.Module):
         return out
 
     def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
-        layer = self.glm.model.layers[spec_step_idx % len(self.glm.model.layers)]
-        return self.glm.lm_head(layer.shared_head.norm(hidden_states))
+        layer = self.mtp_layers[spec_step_idx % len(self.mtp_layers)]
+        return self._head()(layer.shared_head.norm(hidden_states))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """The project's reader, as the target's (glm5/vllm/model.py); the main layers are dropped."""
-        del weights
+        """Float checkpoints: the MTP layers' tensors of vLLM's iterator, each rank copying its slice (the
+        rest is the target's) -> the names loaded. Quantized ones: the project's reader, then the plan."""
+        if not self.quantized:
+            return {f"glm.{name}" for name in weights_module.load(self.glm, self.names, self._own(weights))}
+        del weights  # never read: the project's reader opens the same safetensors files
         glm = GLM5ForCausalLM.from_pretrained(self.path, backend=self.backend, dtype=self.dtype)
-        self._set_model(glm.requires_grad_(False).eval())
+        self._set_model(self._split(glm.requires_grad_(False).eval()))
         return {name for name, _ in self.named_parameters()}
+
+    def _own(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """vLLM's pairs without the target's tensors (main layers, embedding, final norm, head)."""
+        held = set(self.glm.state_dict(keep_vars=True))
+        for hf, t in weights:
+            entry = self.names.params.get(hf)
+            if entry is None or entry[0] in held:
+                yield hf, t
+
+    def process_weights_after_loading(self) -> None:
+        """vLLM's post-load hook (every load format): weights laid out once for the backend."""
+        self.glm.prepare_weights()
+
+
+def _mtp_only(glm: GLM5ForCausalLM) -> GLM5ForCausalLM:
+    """`glm` holding only its MTP layers (at their own indices, so names and the plan's slices are the
+    whole model's): the main layers become empty placeholders; the embedding, the final norm and the head
+    are dropped (the target's are used)."""
+    for i in range(glm.config.num_hidden_layers):
+        glm.model.layers[i] = nn.Identity()
+    del glm.model.embed_tokens, glm.model.norm, glm.lm_head
+    return glm
