@@ -117,6 +117,11 @@ class Glm5BackendsForCausalLM(nn.Module):
         """The project's decoder stack: vLLM's MTP drafter shares its `embed_tokens`."""
         return self.glm.model
 
+    @property
+    def lm_head(self) -> nn.Module:
+        """The output head (split by the plan): vLLM's MTP drafter shares it (glm5/vllm/mtp.py)."""
+        return self.glm.lm_head
+
     # -- vLLM's model interface ----------------------------------------------------------------------
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.glm.model.embed_tokens(input_ids)
