@@ -22,7 +22,11 @@ def plot_metrics(metrics: str | Path, png: str | Path, init_eval: float | None =
         pts = [(r["step"], r[key]) for r in recs if r.get(key) is not None]
         return [s for s, _ in pts], [v for _, v in pts]
 
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    rl = any(r.get("mismatch_min") is not None for r in recs)  # stage rl: a second row of figures
+    fig, axes = plt.subplots(2 if rl else 1, 2, figsize=(11, 8 if rl else 4), squeeze=False)
+    (ax, ax2) = axes[0]
+    if rl:
+        _rl_figures(axes[1], series)
     for key, label in (("lm_loss", "train LM"), ("mtp_loss", "train MTP")):
         xs, ys = series(key)
         if xs:
@@ -59,3 +63,35 @@ def plot_metrics(metrics: str | Path, png: str | Path, init_eval: float | None =
     fsio.write_file_atomically(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     plt.close(fig)
     return png
+
+
+def _rl_figures(axes, series) -> None:
+    """Stage rl: pi_train / pi_rollout (min, max, share outside [1/2, 2]); with a rollout engine
+    (glm5/train/rl_async.py) the staleness, the overlap and the rollout / train tokens per second."""
+    ax, ax2 = axes
+    for key, label in (("mismatch_min", "min"), ("mismatch_max", "max")):
+        xs, ys = series(key)
+        ax.plot(xs, ys, lw=1, label=f"pi_train / pi_rollout {label}")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
+    xs, ys = series("mismatch_outside")
+    if xs:
+        axo = ax.twinx()
+        axo.plot(xs, ys, ":", color="tab:red", lw=1)
+        axo.set_ylabel("share outside [1/2, 2] (dotted)", color="tab:red")
+    for key, label in (("staleness_max", "staleness (max)"), ("overlap", "overlap")):
+        xs, ys = series(key)
+        if xs:
+            ax2.plot(xs, ys, lw=1, label=label)
+    ax2.set_xlabel("step")
+    ax2.grid(alpha=0.3)
+    xs, ys = series("rollout_tokens_per_s")
+    if xs:
+        ax2.legend(loc="upper left")
+        axt = ax2.twinx()
+        axt.plot(xs, ys, "--", color="tab:purple", lw=1, label="rollout")
+        xs, ys = series("train_tokens_per_s")
+        axt.plot(xs, ys, "-.", color="tab:brown", lw=1, label="train")
+        axt.set_ylabel("tokens/s (dashed: rollout, dash-dot: train)")

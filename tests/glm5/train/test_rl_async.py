@@ -60,6 +60,10 @@ def test_pushes_reach_the_engine_and_staleness_stays_bounded(tmp_path):
         assert r["staleness_max"] <= 2 and 0 <= r["overlap"] <= 1
         assert r["rollout_tokens_per_s"] > 0 and r["train_tokens_per_s"] > 0
         assert 0 <= r["mismatch_outside"] <= 1 and r["mismatch_min"] <= r["mismatch_max"]
+    pytest.importorskip("matplotlib")
+    from glm5.train.plots import plot_metrics
+
+    assert plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "loss.png").stat().st_size > 0
 
 
 def test_on_policy_setting_samples_with_the_trainers_weights(tmp_path):
