@@ -8,6 +8,10 @@ Backward (`backward`, what training runs through the custom op): from the forwar
 per query block, the probabilities are recomputed from one more gather and GEMM with the saved lse,
 dS = P * (dP - sum_j P dP) + P * dlse, then dq and the gathered rows' dK / dV, summed into dkv with
 index_add_ (sequential on the CPU: deterministic). The forward itself never records autograd.
+
+In the layout-invariant mode (SPEC 12) the same blocks, gathers and threads run `exact_attention`:
+exact scores, the fixed-tree log-sum-exp and the formula exp, exact probabilities x values (the bits the
+SPEC writes down, so the reference's too).
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from backends.cpu._parallel import run_blocks
 from backends.cpu._workspace import buffer
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
-from backends.reference import sparse_mla_attention as reference
 
 # Bound the gathered [tq, topk, d_qk] keys (elements): 4M fp32 = 16 MiB, a few queries at topk 2048.
 GATHER_ELEMS = 1 << 22
@@ -57,6 +60,16 @@ def softmax_values(p: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, d_v
     return out.div_(total.clamp_min_(1)[..., None]), lse
 
 
+def exact_attention(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, d_v: int, sm_scale: float):
+    """SPEC 12: q [tq, H, d_qk] fp32 (unscaled), keys [tq, n, d_qk] (invalid rows zero) ->
+    (out [tq, H, d_v] fp32, lse [tq, H]), every (token, head) from its own row only."""
+    p = invariant.exact_matmul(q, keys.transpose(1, 2)) * sm_scale
+    p.masked_fill_(~valid[:, None, :], float("-inf"))
+    lse = invariant.logsumexp(p, -1)
+    prob = invariant.exp(p - torch.where(torch.isneginf(lse), 0.0, lse)[..., None])
+    return invariant.exact_matmul(prob, keys[..., :d_v]), lse
+
+
 def _gathered(cache: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """The named rows as fp32 [tq, n, d_qk], invalid ones zero (never read as values: may be NaN)."""
     tq, n = rows.shape
@@ -74,8 +87,9 @@ class _Workspace:
         self.p = buffer("mla.p", step * h * n).view(step, h, n)
         self.n = n
 
-    def block(self, q, cache, rows, valid, d_v):
-        """q [tq, H, d_qk] fp32 already scaled by sm_scale -> (out [tq, H, d_v] fp32, lse [tq, H])."""
+    def block(self, q, cache, rows, valid, d_v, exact_scale: float | None = None):
+        """q [tq, H, d_qk] fp32 already scaled by sm_scale -> (out [tq, H, d_v] fp32, lse [tq, H]);
+        with exact_scale (the mode), q unscaled and `exact_attention`."""
         tq, n = rows.shape
         raw = self.raw[: tq * n]
         torch.index_select(flat(cache), 0, rows.reshape(-1), out=raw)
@@ -85,6 +99,8 @@ class _Workspace:
         keys = keys.view(tq, n, -1)
         if not bool(valid.all()):
             keys.masked_fill_(~valid[..., None], 0)
+        if exact_scale is not None:
+            return exact_attention(q, keys, valid, d_v, exact_scale)
         p = self.p[:tq]
         torch.bmm(q, keys.transpose(1, 2), out=p)
         return softmax_values(p, keys, valid, d_v)
@@ -103,19 +119,18 @@ def sparse_mla_attention(
     Returns (out [T, H, d_v] dtype of q, lse [T, H] float32, or None if not return_lse).
     Differentiable in q and kv_cache. Semantics: backends/reference/sparse_mla_attention.py (SPEC 2.4)
     """
-    if invariant.active():  # SPEC 12: the reference's exact products and fixed trees
-        return reference.sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse)
     t, h, d_qk = q.shape
     n = indices.shape[1]
     out = torch.zeros(t, h, d_v)  # rows of requests with no keys stay 0, their lse -inf
     lse = torch.full((t, h), float("-inf"))
     step = max(1, GATHER_ELEMS // max(1, n * d_qk))
-    qf = q.float() * sm_scale
+    exact_scale = sm_scale if invariant.active() else None  # SPEC 12: scaled after the exact product
+    qf = q.float() if exact_scale is not None else q.float() * sm_scale
 
     def block(args) -> None:  # per thread workspace (its buffers are thread-local)
         a, z, rows, valid = args
         ws = _Workspace(min(step, t), n, h, d_qk, kv_cache.dtype)
-        out[a:z], lse[a:z] = ws.block(qf[a:z], kv_cache, rows, valid, d_v)
+        out[a:z], lse[a:z] = ws.block(qf[a:z], kv_cache, rows, valid, d_v, exact_scale)
 
     run_blocks(block, query_blocks(layout, indices, kv_cache, step))
     return out.to(q.dtype), (lse if return_lse else None)

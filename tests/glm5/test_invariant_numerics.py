@@ -135,3 +135,28 @@ def test_the_mode_reroutes_the_models_arithmetic():
     assert torch.equal(full, num.sigmoid(num.exact_matmul(a, w.T)))
     assert torch.equal(sm, num.softmax(a, -1))
     assert torch.equal(mean, num.tree_sum(a * a, -1) / 64)
+
+
+@pytest.mark.parametrize("block_size", [None, 4])
+def test_the_cpu_attention_has_its_own_invariant_path_with_the_specs_bits(block_size):
+    """In the mode the cpu backend's sparse_mla_attention runs its own blocks (no reference call, counted)
+    and gives the bits SPEC 12 writes down, which the reference gives too."""
+    from backends.counters import REFERENCE_CALLS
+    from backends.cpu.sparse_mla_attention import sparse_mla_attention as cpu_attention
+    from backends.reference.sparse_mla_attention import sparse_mla_attention as ref_attention
+    from tests.backends.reference._cases import pack
+
+    keys = [torch.randn(s, 24, generator=_g(20 + s)) for s in (9, 5, 0)]
+    cache, layout = pack(keys, [3, 2, 1], block_size=block_size, fill=0.0)
+    q = torch.randn(6, 4, 24, generator=_g(21))
+    idx = torch.randint(-1, 10, (6, 7), generator=_g(22), dtype=torch.int32)  # -1 and out of range too
+    idx[4] = -1  # a query with no valid key
+    before = REFERENCE_CALLS["sparse_mla_attention"]
+    with layout_invariant():
+        out, lse = cpu_attention(q, cache, idx, layout, 0.2, 16)
+        assert REFERENCE_CALLS["sparse_mla_attention"] == before
+        ref_out, ref_lse = ref_attention(q, cache, idx, layout, 0.2, 16)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    assert torch.isneginf(lse[4]).all() and not out[4].any()
+    normal, _ = cpu_attention(q, cache, idx, layout, 0.2, 16)
+    torch.testing.assert_close(out, normal)
