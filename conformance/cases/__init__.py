@@ -12,6 +12,8 @@ import importlib
 from collections.abc import Callable, Iterable
 from types import ModuleType
 
+import torch
+
 from backends.ops import OP_NAMES, OPS
 from conformance.case import SUITE_SETS, Case
 
@@ -22,8 +24,27 @@ def module(op: str) -> ModuleType:
     return importlib.import_module(f"conformance.cases.{op}")
 
 
+def declared_case(op: str, cases: list[Case]) -> Case:
+    """The op's first smoke case, from its declaration's sample (backends/decls/<op>.py), on the dtypes
+    the sample builds (it must make `dtype_of` that value), compared as the op's other cases are."""
+    d = OPS[op]
+    outputs = next(c.outputs for c in cases if c.outputs)
+    probe = torch.Generator()
+    dtypes = tuple(dt for dt in d.dtype_axis if d.dtype_of(d.sample(probe.manual_seed(0), dt, False)) == dt)
+    return Case(
+        op,
+        "smoke/declared_sample",
+        lambda g, dt: d.sample(g, dt, False),
+        outputs,
+        dtypes=dtypes,
+        grad_args=d.grad_args,
+        tags={"from": f"backends/decls/{op}.py"},
+    )
+
+
 def cases(op: str) -> list[Case]:
-    out = list(module(op).CASES)
+    listed = list(module(op).CASES)
+    out = [declared_case(op, listed), *listed]
     seen = set()
     for c in out:
         if c.id in seen:

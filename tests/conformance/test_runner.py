@@ -91,7 +91,7 @@ def test_claimed_dtype_that_fails_is_reported_with_worst_elements_and_repro():
 
 def test_false_determinism_claims_fail():
     runner = Runner(fakes.Nondeterministic())
-    res = by_case(runner.run(cases.select(["grouped_matmul"], "smoke", dtypes=["float32"])))
+    res = by_case(runner.run(cases.select(["grouped_matmul"], "smoke", "smoke/e4*", dtypes=["float32"])))
     r = res[("smoke/e4_m10_k32_n16_one_empty", "float32")]
     assert r.status == FAIL
     assert "run_to_run" in r.message and "batch_invariant" in r.message
