@@ -376,7 +376,7 @@ def train(
         try:
             with one_line_errors():
                 summary = trainer.run(progress=not quiet)
-        except Diverged as exc:
+        except (Diverged, rl_async.EngineFailed) as exc:
             raise click.ClickException(str(exc)) from None
         except OSError as exc:  # a full disk: the save's staging is gone, the last checkpoint intact
             raise click.ClickException(f"{fsio.describe(exc)} (nothing of this save was published)") from None

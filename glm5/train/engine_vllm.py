@@ -74,6 +74,9 @@ class VllmEngine:
             skip_tokenizer_init=True,
             enforce_eager=True,
             max_model_len=max_model_len,
+            # whole prompts only: vLLM-CPU fails on a seeded request whose prefill is split over steps
+            # (its CPU generators cannot rewind the discarded partial-prefill sample)
+            enable_chunked_prefill=False,
             max_num_batched_tokens=max(max_model_len, 256),
             max_num_seqs=max_num_seqs,
             kv_cache_memory_bytes=kv_cache_memory_bytes,

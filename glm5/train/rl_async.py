@@ -44,6 +44,10 @@ ENGINES = ROLLOUT_ENGINES
 _SEED = 0xA5C << 20  # the engine's per-step sampling seeds, apart from the synchronous stage's
 
 
+class EngineFailed(RuntimeError):
+    """The rollout engine (or its producer thread) stopped with an error."""
+
+
 class Intervals:
     """Busy intervals of one side (appended in time order by one thread), their total and their overlap
     with another side's."""
@@ -155,7 +159,14 @@ def make_engine(cfg, model, named: NamedTensors, version: int) -> RolloutEngine:
         return PolicyEngine(model.config, model.backend.name, named, version)
     from glm5.train.engine_vllm import VllmEngine
 
-    return VllmEngine(model, named, version, tensor_parallel_size=cfg.engine_tp)
+    return VllmEngine(
+        model,
+        named,
+        version,
+        tensor_parallel_size=cfg.engine_tp,
+        max_model_len=cfg.prompt_len + cfg.response_len,
+        max_num_seqs=cfg.batch_size * cfg.group_size,
+    )
 
 
 class AsyncRollouts:
@@ -170,7 +181,11 @@ class AsyncRollouts:
         named = policy_tensors(trainer)  # every rank takes part in the gather
         self.producer: Producer | None = None
         if self.rank0:
-            engine = make_engine(cfg, trainer.model, named, start)
+            try:
+                engine = make_engine(cfg, trainer.model, named, start)
+            except Exception as exc:  # e.g. vLLM refusing its configuration
+                first = (str(exc).splitlines() or [""])[0]
+                raise EngineFailed(f"rollout engine: could not start {cfg.rollout_engine}: {first}") from exc
             self.producer = Producer(engine, self.prompts, cfg, start, cfg.steps)
             self.producer.start()
 
@@ -201,15 +216,15 @@ class AsyncRollouts:
         p = self.producer
         while True:
             if p.error is not None:
-                raise RuntimeError(f"rollout engine: {type(p.error).__name__}: {p.error}") from p.error
+                raise EngineFailed(f"rollout engine: {type(p.error).__name__}: {p.error}") from p.error
             try:
                 batch = p.queue.get(timeout=0.1)
                 break
             except queue.Empty:
                 if not p.is_alive() and p.queue.empty():
-                    raise RuntimeError(
+                    raise EngineFailed(
                         f"rollout engine: the producer stopped before step {step + 1}"
-                    ) from p.error
+                    ) from None
         if batch.step != step:
             raise RuntimeError(f"rollout engine: expected the batch of step {step}, got step {batch.step}")
         return batch.gen
