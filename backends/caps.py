@@ -30,7 +30,7 @@ class OpCaps:
     limits: typed bounds on measurable quantities (`backends.limits.Limit`): enforced by the front door
       with their reasons, and tested at and just past each bound by the conformance suite.
     notes: free-text facts shown in reports that are not bounds (a route taken, a precision note). A
-      plain mapping given as `limits` (the old free-text form) is kept as notes.
+      bound is a `Limit`: free text given as `limits` is refused (it would be enforced and tested by nothing).
     check: extra reasons from the concrete, already-validated arguments (what no Limit expresses).
     run_to_run: bitwise-identical results for identical inputs, every run.
     batch_invariant: a row's result does not depend on the other rows of the batch (bitwise).
@@ -52,10 +52,12 @@ class OpCaps:
     notes: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if isinstance(self.limits, Mapping):  # free text: notes, not bounds
-            object.__setattr__(self, "notes", {**self.limits, **self.notes})
-            object.__setattr__(self, "limits", ())
-        elif isinstance(self.limits, Limit):
+        if isinstance(self.limits, Mapping):
+            raise ValueError(
+                f"limits: expected backends.limits.Limit entries, got free text {dict(self.limits)!r} "
+                "(a bound: Limit(quantity, max=..., reason=...); a fact that is not a bound: notes=...)"
+            )
+        if isinstance(self.limits, Limit):
             object.__setattr__(self, "limits", (self.limits,))
         else:
             object.__setattr__(self, "limits", tuple(self.limits))

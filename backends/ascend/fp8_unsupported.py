@@ -33,4 +33,4 @@ def declined(fn, dtypes: tuple[str, ...], layouts: tuple[str, ...] = ()) -> OpIm
 
     guard.__signature__ = __import__("inspect").signature(fn)
     guard.__name__ = fn.__name__
-    return OpImpl(guard, OpCaps(dtypes, layouts, limits={"fp8": REASON}, check=_never))
+    return OpImpl(guard, OpCaps(dtypes, layouts, notes={"fp8": REASON}, check=_never))

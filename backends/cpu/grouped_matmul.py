@@ -87,7 +87,7 @@ IMPL = OpImpl(
     grouped_matmul,
     OpCaps(
         FLOATS + ("w8a8", "w4a8"),
-        limits={
+        notes={
             "integer_gemm": PATH,
             "batch_invariant": "quantized variants only: float GEMMs block by the rows of each expert",
         },

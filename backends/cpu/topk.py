@@ -42,7 +42,7 @@ IMPL = OpImpl(
     topk,
     OpCaps(
         FLOATS,
-        limits={"ties": "rows tied across the k-th value or holding NaN take an exact per-row path"},
+        notes={"ties": "rows tied across the k-th value or holding NaN take an exact per-row path"},
         run_to_run=True,
         batch_invariant=True,
         tie_rule="lower_index",

@@ -35,5 +35,5 @@ def w8a8_matmul(
 
 IMPL = OpImpl(
     w8a8_matmul,
-    OpCaps(FLOATS, limits={"integer_gemm": PATH}, run_to_run=True, batch_invariant=True),
+    OpCaps(FLOATS, notes={"integer_gemm": PATH}, run_to_run=True, batch_invariant=True),
 )

@@ -26,7 +26,7 @@ IMPL = OpImpl(
     dynamic_quant_int8,
     OpCaps(
         FLOATS,
-        limits={
+        notes={
             "numerics": "bitwise equal to the reference for finite x",
             # NaN/inf rows: the reference casts a NaN quotient to int8 (undefined in C); the kernel clamps it
             "non-finite x": "not claimed",

@@ -24,4 +24,4 @@ def fp8_block_matmul(
     return _kernel(x_q, x_scale, w_q, w_scale_inv, None if bias is None else bias.contiguous(), out_dtype)
 
 
-IMPL = OpImpl(fp8_block_matmul, OpCaps(FLOATS, limits={"GPU": "sm_89+"}, check=fp8_reasons))
+IMPL = OpImpl(fp8_block_matmul, OpCaps(FLOATS, notes={"GPU": "sm_89+"}, check=fp8_reasons))

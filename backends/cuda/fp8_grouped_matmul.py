@@ -23,4 +23,4 @@ def fp8_grouped_matmul(
     return _kernel(x_q, x_scale, w_q, w_scale_inv, group_offsets, out_dtype)
 
 
-IMPL = OpImpl(fp8_grouped_matmul, OpCaps(FLOATS, limits={"GPU": "sm_89+"}, check=fp8_reasons))
+IMPL = OpImpl(fp8_grouped_matmul, OpCaps(FLOATS, notes={"GPU": "sm_89+"}, check=fp8_reasons))

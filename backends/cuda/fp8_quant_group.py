@@ -6,15 +6,11 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.limits import Limit
 from backends.ops import FLOATS
 from kernels_cuda.fp8_quant import fp8_quant_group as _kernel
 
 MAX_GROUP = 4096
-
-
-def _reasons(args) -> list[str]:
-    g = args["group_size"]
-    return [f"group_size={g} > {MAX_GROUP}: a group is one register tile"] if g > MAX_GROUP else []
 
 
 def fp8_quant_group(
@@ -25,4 +21,5 @@ def fp8_quant_group(
     return _kernel(x, group_size, eps, ue8m0)
 
 
-IMPL = OpImpl(fp8_quant_group, OpCaps(FLOATS, limits={"group_size": f"<= {MAX_GROUP}"}, check=_reasons))
+GROUP_LIMIT = Limit("group_size", max=MAX_GROUP, reason="a group is one register tile")
+IMPL = OpImpl(fp8_quant_group, OpCaps(FLOATS, limits=(GROUP_LIMIT,)))

@@ -10,14 +10,11 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.layout import SeqLayout
+from backends.limits import Limit
 from kernels_cuda.fp8_sparse_mla import fp8_sparse_mla_fwd as _kernel
 
 MAX_HEADS = 128
-
-
-def _reasons(args) -> list[str]:
-    h = args["q"].shape[1]
-    return [f"H={h} > {MAX_HEADS}: GLM-5 and FlashMLA use 64 or 128 query heads"] if h > MAX_HEADS else []
+HEADS_LIMIT = Limit("heads", max=MAX_HEADS, reason="GLM-5 and FlashMLA use 64 or 128 query heads")
 
 
 def fp8_sparse_mla_attention(
@@ -45,5 +42,5 @@ def fp8_sparse_mla_attention(
 
 IMPL = OpImpl(
     fp8_sparse_mla_attention,
-    OpCaps(("float32", "bfloat16"), ("ragged", "paged"), limits={"heads": f"<= {MAX_HEADS}"}, check=_reasons),
+    OpCaps(("float32", "bfloat16"), ("ragged", "paged"), limits=(HEADS_LIMIT,)),
 )

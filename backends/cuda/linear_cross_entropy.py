@@ -83,7 +83,7 @@ IMPL = OpImpl(
         differentiable=True,
         # the mean's fp32 sum runs over all rows, so one row's contribution is not bitwise batch-independent
         batch_invariant=False,
-        limits={"peak logits": f"{CHUNK_ELEMS} fp32 elements per chunk"},
+        notes={"peak logits": f"{CHUNK_ELEMS} fp32 elements per chunk"},
     ),
     backward=functools.partial(linear_ce.backward, _KERNELS),
 )

@@ -51,6 +51,6 @@ DECL = OpDecl(
     sample=sample,
     sharding="heads local",
     cache_arg="kv_cache",
-    quantities=QUANTITIES,
+    quantities={q: QUANTITIES[q] for q in ("heads", "topk")},  # the 656-byte rows fix d_qk and d_v
     returns=attention_returns,
 )

@@ -36,5 +36,5 @@ def indexer_topk(
 
 
 IMPL = OpImpl(
-    indexer_topk, OpCaps(FLOATS, ("ragged", "paged"), tie_rule="lower_index", limits={"key_chunk": KEY_CHUNK})
+    indexer_topk, OpCaps(FLOATS, ("ragged", "paged"), tie_rule="lower_index", notes={"key_chunk": KEY_CHUNK})
 )

@@ -16,7 +16,7 @@ import torch
 
 from backends import SeqLayout
 from backends.limits import Limit
-from backends.ops import OPS
+from backends.ops import FLOATS, OPS
 from conformance.case import Case, Output
 
 #: elements a generated input may have (a CPU run of the suite must stay small)
@@ -157,26 +157,69 @@ def _lce(v: int) -> Callable:
     return build
 
 
-BUILDERS = (
-    "topk",
-    "indexer_logits",
-    "indexer_topk",
-    "sparse_mla_attention",
-    "dynamic_quant_int8",
-    "w8a8_matmul",
-    "w4a8_matmul",
-    "grouped_matmul",
-    "linear_cross_entropy",
-)
+def _fp8_indexer(op: str, q: str, v: int) -> Callable:
+    """The float indexer case, quantized as DeepSeek-V3.2 does (e4m3 q and keys, one scale per key)."""
+    base = _indexer(op.removeprefix("fp8_"), q, v)
+
+    def build(g, dt):
+        from backends.reference.fp8_indexer_logits import quantize_indexer_inputs
+
+        a = base(g, "float32")
+        nb, bs, d = a["k_cache"].shape
+        q8, k8, ks, w8 = quantize_indexer_inputs(a["q"], a["k_cache"].reshape(-1, d), a["weights"])
+        return a | dict(q=q8, k_cache=k8.reshape(nb, bs, d), k_scale=ks.reshape(nb, bs), weights=w8)
+
+    return build
+
+
+def _fp8_quant_group(q: str, v: int) -> Callable:
+    def build(g, dt):
+        gs = v if q == "group_size" else 128
+        k = v if q == "K" else 2 * gs
+        return dict(x=_f(g, dt, 3, k), group_size=gs, eps=1e-4, ue8m0=False)
+
+    return build
+
+
+def _fp8_attention(q: str, v: int) -> Callable:
+    """The 656-byte cache fixes d_qk 576 and d_v 512: heads and topk are what vary."""
+
+    def build(g, dt):
+        from backends.reference.fp8_mla_cache_quant import fp8_mla_cache_quant
+
+        h = v if q == "heads" else 2
+        topk = v if q == "topk" else 2048
+        keys = max(KEYS, topk + 5)
+        lay = SeqLayout.from_lengths([2], [keys], block_size=64)
+        rows = fp8_mla_cache_quant(torch.randn(-(-keys // 64) * 64, 576, generator=g) / 10)
+        idx = torch.randint(-1, keys, (2, topk), generator=g, dtype=torch.int32)
+        return dict(
+            q=_f(g, dt, 2, h, 576),
+            kv_cache=rows.reshape(-1, 64, 656),
+            indices=idx,
+            layout=lay,
+            sm_scale=576**-0.5,
+            d_v=512,
+            return_lse=True,
+        )
+
+    return build
 
 
 def _builder(op: str, q: str, v: int, variant: str) -> Callable[[torch.Generator, str], dict[str, Any]]:
+    """Arguments with quantity `q` of `op` (a name in its declaration's `quantities`) equal to `v`."""
     if op == "topk":
         return _topk(q, v)
     if op in ("indexer_logits", "indexer_topk"):
         return _indexer(op, q, v)
+    if op in ("fp8_indexer_logits", "fp8_indexer_topk"):
+        return _fp8_indexer(op, q, v)
     if op == "sparse_mla_attention":
         return _attention(q, v)
+    if op == "fp8_sparse_mla_attention":
+        return _fp8_attention(q, v)
+    if op == "fp8_quant_group":
+        return _fp8_quant_group(q, v)
     if op == "linear_cross_entropy":
         return _lce(v)
     return _gemm(op, q, v, variant)
@@ -192,8 +235,6 @@ def limit_cases(
     """(case, dtype) pairs at and just past each bound of `limits` for the dtypes the backend claims;
     `outputs`: the op's comparators (those of its other cases)."""
     out: list[tuple[Case, str]] = []
-    if op not in BUILDERS:
-        return out  # no builder for this op's quantities yet: its bounds are enforced, not generated
     axis = OPS[op].dtype_axis
     for lim in limits:
         for bound, past in ((lim.max, 1), (lim.min, -1)):
@@ -203,7 +244,7 @@ def limit_cases(
                 if value < 1:
                     continue
                 for dt in [d for d in axis if d in dtypes and (not lim.when or d in lim.when)]:
-                    float_dt = dt if dt in ("float32", "bfloat16", "float16") else "float32"
+                    float_dt = dt if dt in FLOATS else "float32"
                     build = _builder(op, lim.quantity, value, dt)
 
                     def built(g, _dt, build=build, float_dt=float_dt):

@@ -339,7 +339,7 @@ class TinyBackend(Backend):
             OpCaps(
                 ("float32",),
                 ("ragged",),
-                limits={"heads": "power of two"},
+                notes={"heads": "power of two"},
                 check=lambda a: (
                     [] if a["q"].shape[1] in (1, 2, 4) else [f"heads {a['q'].shape[1]} not a power of two"]
                 ),
