@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from backends.formats import BLOCK, E4M3
-from glm5.checkpoint import FLOAT_DTYPES, checked_tensor
+from glm5.checkpoint import FLOAT_DTYPES, CheckpointError, checked_tensor
 from quant.formats import compressed_tensors, fp8, modelslim
 from quant.formats.common import quantized_modules
 from quant.fp8_modules import EXPERT_PROJS, FP8Experts
@@ -87,6 +87,25 @@ def targets(model: nn.Module) -> dict[str, Target]:
     return out
 
 
+def stored_shapes(fmt: str, suffix: str, scheme: Any, full: tuple[int, int]) -> list[tuple[int, ...]]:
+    """The shapes tensor `<linear>.<suffix>` of a [N, K] linear may have in `fmt` (see the formats)."""
+    n, k = full
+    if suffix == "bias":
+        return [(n,)]
+    if suffix == "weight_shape":
+        return [(2,)]
+    if fmt == fp8.FORMAT:
+        return [(n, k)] if suffix == "weight" else [(-(-n // BLOCK), -(-k // BLOCK))]
+    int4 = scheme.name == W4A8
+    if suffix == "weight_packed":
+        return [(n, -(-k // 8))]
+    if suffix == "weight":
+        return [(n // 2, k)] if int4 and fmt == modelslim.FORMAT else [(n, k)]
+    if suffix == "weight_scale" and fmt == compressed_tensors.FORMAT:
+        return [(n, k // scheme.group_size if scheme.group_size else 1)]
+    return [(n, 16), (n, 1)] if suffix == "scale_bias" else [(n, 1), (n,)]
+
+
 def _aligned(part: slice, unit: int, full: int) -> slice:
     return slice(part.start - part.start % unit, min(-(-part.stop // unit) * unit, full))
 
@@ -114,7 +133,6 @@ class QuantStream:
         self.model, self.names, self.targets = model, names, tgts
         self.fmt = FORMATS[model.quant_format]
         self.plan = getattr(model, "glm5_plan", {})
-        self.params = model.state_dict(keep_vars=True)
         self.where = Path(getattr(model, "quant_path", "."))
         self.pending: dict[str, dict[str, torch.Tensor | None]] = {}
         self.done: set[str] = set()  # base names set (or held by another rank)
@@ -147,6 +165,9 @@ class QuantStream:
     def add(self, hf: str, t: torch.Tensor) -> None:
         base, suffix = self.names[hf]
         tgt = self.targets[base]
+        shapes = stored_shapes(self.model.quant_format, suffix, tgt.scheme, tgt.full)
+        if tuple(t.shape) not in shapes:  # read from the header: nothing is sliced from a misfit
+            raise CheckpointError([], [], [f"{hf} {list(t.shape)} (expected {list(shapes[0])})"])
         local, rows, cols = self.geometry(tgt)
         if local == SKIP:
             self.pending.setdefault(base, {})[suffix] = None

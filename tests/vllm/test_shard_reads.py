@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from glm5.checkpoint import TensorFiles, _shared_copies, read_config, weight_files
+from glm5.checkpoint import CheckpointError, TensorFiles, _shared_copies, read_config, weight_files
 from glm5.config import GLM5Config
 from glm5.model import GLM5ForCausalLM
 from glm5.parallel import plan
@@ -201,3 +201,19 @@ def test_each_rank_reads_its_shard_of_an_fp8_checkpoint(tmp_path, monkeypatch):
     bf16.init_weights(0)
     fp8.export(bf16, tmp_path / "fp8")
     _check(tmp_path / "fp8", monkeypatch)
+
+
+def test_a_misshapen_or_missing_quantized_tensor_is_named(tiny_checkpoint, tmp_path):
+    path = _quantized(tmp_path, tiny_checkpoint, "glm5-w8a8", "compressed-tensors")
+    pairs = list(_iterator(path, _Reads()))
+    name = next(n for n, _ in pairs if n.endswith("q_b_proj.weight_scale"))
+
+    def load(items):
+        glm = skeleton(path, backend="reference")
+        return weights.load(glm, weights.split_skeleton(glm, _Rank(0), None), items)
+
+    bad = [(n, t[:1] if n == name else t) for n, t in pairs]  # a [1, 1] scale would broadcast if copied
+    with pytest.raises(CheckpointError, match=re.escape(name)):
+        load(bad)
+    with pytest.raises(CheckpointError, match=f"missing tensor.*{re.escape(name)}"):
+        load([(n, t) for n, t in pairs if n != name])
