@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from backends.interface_ops import _args
 from backends.layout import SeqLayout
 
 
@@ -19,7 +20,7 @@ class FP8Ops:
         """Per-token-group e4m3 quantization (SPEC 7.1): x [M, K] float -> (x_q e4m3 [M, K],
         scale fp32 [M, ceil(K / group_size)]); scale = max(amax, eps) / 448 (eps 1e-4 DeepSeek, 1e-10
         vLLM), UE8M0: the next power of two up. Semantics: backends/reference/fp8_quant_group.py"""
-        return self._call("fp8_quant_group", dict(x=x, group_size=group_size, eps=eps, ue8m0=ue8m0))
+        return self._call("fp8_quant_group", _args(locals()))
 
     def fp8_block_matmul(
         self,
@@ -33,10 +34,7 @@ class FP8Ops:
         """Block-scaled FP8 GEMM (SPEC 7.2): x_q e4m3 [M, K], x_scale fp32 [M, ceil(K/128)], w_q e4m3
         [N, K], w_scale_inv fp32 [ceil(N/128), ceil(K/128)] -> [M, N] out_dtype, fp32 accumulation
         promoted per 128-wide K block. Semantics: backends/reference/fp8_block_matmul.py"""
-        return self._call(
-            "fp8_block_matmul",
-            dict(x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale_inv=w_scale_inv, bias=bias, out_dtype=out_dtype),
-        )
+        return self._call("fp8_block_matmul", _args(locals()))
 
     def fp8_grouped_matmul(
         self,
@@ -50,17 +48,7 @@ class FP8Ops:
         """MoE FP8 GEMM over expert-sorted rows (SPEC 7.3): w_q e4m3 [E, N, K], w_scale_inv fp32
         [E, ceil(N/128), ceil(K/128)], group_offsets int [E+1].
         Semantics: backends/reference/fp8_grouped_matmul.py"""
-        return self._call(
-            "fp8_grouped_matmul",
-            dict(
-                x_q=x_q,
-                x_scale=x_scale,
-                w_q=w_q,
-                w_scale_inv=w_scale_inv,
-                group_offsets=group_offsets,
-                out_dtype=out_dtype,
-            ),
-        )
+        return self._call("fp8_grouped_matmul", _args(locals()))
 
     def fp8_indexer_logits(
         self,
@@ -74,9 +62,7 @@ class FP8Ops:
         [nb, bs, D_I]; k_scale fp32 [rows] / [nb, bs]; weights fp32 [T, H_I] with the q scale folded in.
         Returns [T, max(seqlens_k)] fp32, -inf where not causal.
         Semantics: backends/reference/fp8_indexer_logits.py"""
-        return self._call(
-            "fp8_indexer_logits", dict(q=q, k_cache=k_cache, k_scale=k_scale, weights=weights, layout=layout)
-        )
+        return self._call("fp8_indexer_logits", _args(locals()))
 
     def fp8_indexer_topk(
         self,
@@ -89,15 +75,12 @@ class FP8Ops:
     ) -> torch.Tensor:
         """The `topk` causal positions with the largest FP8 indexer logits (SPEC 7.5), int32 [T, topk],
         rule order, -1 padded. Semantics: backends/reference/fp8_indexer_topk.py"""
-        return self._call(
-            "fp8_indexer_topk",
-            dict(q=q, k_cache=k_cache, k_scale=k_scale, weights=weights, layout=layout, topk=topk),
-        )
+        return self._call("fp8_indexer_topk", _args(locals()))
 
     def fp8_mla_cache_quant(self, kv: torch.Tensor) -> torch.Tensor:
         """FlashMLA V3.2 FP8 cache rows (SPEC 7.6): kv [N, 576] float -> uint8 [N, 656].
         Semantics: backends/reference/fp8_mla_cache_quant.py"""
-        return self._call("fp8_mla_cache_quant", dict(kv=kv))
+        return self._call("fp8_mla_cache_quant", _args(locals()))
 
     def fp8_sparse_mla_attention(
         self,
@@ -112,16 +95,4 @@ class FP8Ops:
         """Sparse MLA attention on the 656-byte FP8 cache (SPEC 7.7): q [T, H, 576], kv_cache uint8
         ragged [rows, 656] / paged [nb, bs, 656], d_v 512 -> (out [T, H, 512] dtype of q, lse [T, H] fp32).
         Semantics: backends/reference/fp8_sparse_mla_attention.py"""
-        out, lse = self._call(
-            "fp8_sparse_mla_attention",
-            dict(
-                q=q,
-                kv_cache=kv_cache,
-                indices=indices,
-                layout=layout,
-                sm_scale=sm_scale,
-                d_v=d_v,
-                return_lse=return_lse,
-            ),
-        )
-        return (out, lse) if return_lse else (out, None)
+        return self._call("fp8_sparse_mla_attention", _args(locals()))

@@ -124,6 +124,7 @@ def describe(op: str) -> list[tuple[str, str]]:
     ref = registry.loaded("reference")
     out = [
         ("spec", spec_heading(OPS[op].spec_section)),
+        ("declaration", where(OPS[op].signature)),
         ("interface", where(getattr(Backend, op))),
         ("reference", where(ref.ops[op].fn) if ref is not None else "the reference failed to load"),
     ]
