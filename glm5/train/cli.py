@@ -186,6 +186,12 @@ _POS_FLOAT = _FiniteFloat(min=0, min_open=True)
     help="--rollout-engine vllm: tensor-parallel size.",
 )
 @click.option(
+    "--layout-invariant",
+    is_flag=True,
+    help="With a rollout engine: the engine's sampling and the trainer's forwards in the layout-invariant "
+    "mode (docs/spec.md 12), so their log-probs agree bitwise at any tensor-parallel size.",
+)
+@click.option(
     "--nproc",
     default=1,
     show_default=True,
@@ -264,6 +270,7 @@ def train(
     push_every,
     max_staleness,
     engine_tp,
+    layout_invariant,
     nproc,
     mesh,
     zero,
@@ -330,6 +337,7 @@ def train(
             push_every=push_every,
             max_staleness=max_staleness,
             engine_tp=engine_tp,
+            layout_invariant=layout_invariant,
             pp_schedule=pp_schedule,
             mtp_stage=mtp_stage,
             microbatches=microbatches,

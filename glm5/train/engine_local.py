@@ -10,6 +10,7 @@ the policy; `glm5.train.engine_vllm.VllmEngine` is vLLM with the project's plugi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -74,12 +75,15 @@ class PolicyEngine:
     """The project's decode path as a rollout engine, on its own whole copy of the policy (so the trainer
     may change its weights while this samples); `push` copies new weights into that copy."""
 
-    def __init__(self, config, backend: str | None, named: NamedTensors, version: int = 0) -> None:
+    def __init__(
+        self, config, backend: str | None, named: NamedTensors, version: int = 0, invariant: bool = False
+    ) -> None:
         from glm5.model import GLM5ForCausalLM
         from glm5.vllm.weights import CheckpointNames  # torch only: importing it does not import vLLM
 
         self.model = GLM5ForCausalLM(config, backend=backend).requires_grad_(False).eval()
         self.names = CheckpointNames(self.model)
+        self.invariant = invariant  # sample in the layout-invariant mode (SPEC 12)
         self.pushes = 0
         self.push(named, version)
         self.pushes = 0  # the initial weights are not a push
@@ -87,13 +91,14 @@ class PolicyEngine:
     def generate(
         self, prompts: torch.Tensor, new_tokens: int, *, temperature: float, seed: int
     ) -> Generation:
-        from glm5.train.rollout import sample
+        from glm5.train.rollout import batch_invariant, sample
 
         g = torch.Generator().manual_seed(seed)
         dev = self.model.backend.device
-        responses, logp = sample(
-            self.model, prompts.to(dev), new_tokens, temperature=temperature, generator=g
-        )
+        with batch_invariant(self.model) if self.invariant else contextlib.nullcontext():
+            responses, logp = sample(
+                self.model, prompts.to(dev), new_tokens, temperature=temperature, generator=g
+            )
         return Generation(responses.cpu(), logp.float().cpu(), self.version)
 
     def push(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> None:

@@ -54,11 +54,13 @@ class VllmEngine:
         max_model_len: int = 256,
         max_num_seqs: int = 64,
         kv_cache_memory_bytes: int = 1 << 26,
+        layout_invariant: bool = False,
     ) -> None:
         if not vllm_installed():
             raise VllmUnavailable("vLLM is not installed (pip install the 'vllm' extra)")
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         os.environ["GLM5_BACKEND"] = model.backend.name  # the plugin computes on the trainer's backend
+        os.environ["GLM5_LAYOUT_INVARIANT"] = "1" if layout_invariant else "0"  # read by the plugin
         from vllm import LLM
 
         from glm5.train.engine_local import PolicyEngine

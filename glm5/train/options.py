@@ -56,6 +56,7 @@ class TrainConfig:
     push_every: int = 1
     max_staleness: int = 1
     engine_tp: int = 1
+    layout_invariant: bool = False  # the rollout engine's and the trainer's forwards in SPEC 12's mode
     # --mesh pp=N (glm5/train/pipeline_run.py), and per decoder layer what autograd keeps for the backward
     pp_schedule: str = "1f1b"
     mtp_stage: str = "last"

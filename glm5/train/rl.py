@@ -22,7 +22,9 @@ source), so a short run shows whether the objective's sign, the clip and pop wor
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -105,11 +107,13 @@ def scored(
 
 
 def minibatch_loss(
-    trainer: Trainer, ro: Rollouts, rows: slice
+    trainer: Trainer, ro: Rollouts, rows: slice, forward: Callable = contextlib.nullcontext
 ) -> tuple[torch.Tensor, IcePopStats, torch.Tensor]:
-    """IcePop loss of minibatch `rows` under the current weights: (loss, stats, PPO ratio [rows, N])."""
+    """IcePop loss of minibatch `rows` under the current weights: (loss, stats, PPO ratio [rows, N]);
+    `forward()`: the context of the forward (the layout-invariant mode, or nothing)."""
     cfg = trainer.cfg
-    logp = sequence_logprobs(trainer.model, ro.prompts[rows], ro.responses[rows], cfg.temperature)
+    with forward():
+        logp = sequence_logprobs(trainer.model, ro.prompts[rows], ro.responses[rows], cfg.temperature)
     loss, stats = icepop_loss(logp, ro.logp_old[rows], ro.logp_rollout[rows], ro.advantages[rows])
     return loss, stats, torch.exp(logp.detach() - ro.logp_old[rows])
 
@@ -125,8 +129,16 @@ def rl_step(trainer: Trainer, step: int) -> dict:
     return update(trainer, collect(trainer, step), step, lr, t0)
 
 
-def update(trainer: Trainer, ro: Rollouts, step: int, lr: float, t0: float) -> dict:
-    """The IcePop updates of step `step` on `ro` -> the step's metrics record."""
+def update(
+    trainer: Trainer,
+    ro: Rollouts,
+    step: int,
+    lr: float,
+    t0: float,
+    forward: Callable = contextlib.nullcontext,
+) -> dict:
+    """The IcePop updates of step `step` on `ro` -> the step's metrics record (`forward` as in
+    `minibatch_loss`)."""
     cfg = trainer.cfg
     trainer.probe.reset()
     trainer.probe.active = trainer.balancer.active = True
@@ -134,7 +146,7 @@ def update(trainer: Trainer, ro: Rollouts, step: int, lr: float, t0: float) -> d
     r_min, r_max = float("inf"), float("-inf")
     for _ in range(cfg.ppo_epochs):
         for rows in minibatch_rows(ro.responses.shape[0], cfg.minibatches):
-            loss, st, ratio = minibatch_loss(trainer, ro, rows)
+            loss, st, ratio = minibatch_loss(trainer, ro, rows, forward)
             loss.backward()
             gnorms.append(float(trainer.clip_gradients()))
             for o in trainer.optimizers:
@@ -195,6 +207,11 @@ def check_rl_options(cfg: TrainConfig) -> None:
                 "max_staleness, which the pushes every push_every steps reach only then)",
             ),
             ("engine_tp", cfg.engine_tp >= 1, ">= 1"),
+            (
+                "layout_invariant",
+                not cfg.layout_invariant or cfg.rollout_engine != "sync",
+                "a rollout engine (--rollout-engine policy|vllm; the sync stage's rollout check has its own)",
+            ),
             (
                 "rollout_precision",
                 cfg.rollout_engine == "sync" or cfg.rollout_precision == "bf16",

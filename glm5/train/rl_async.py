@@ -26,16 +26,19 @@ ratio figures (mismatch_min / mismatch_max / mismatch_outside) are the synchrono
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
 from glm5.train.engine_local import Generation, NamedTensors, PolicyEngine, RolloutEngine, policy_tensors
 from glm5.train.rl import ROLLOUT_ENGINES, scored, update
+from glm5.train.rollout import batch_invariant
 
 if TYPE_CHECKING:
     from glm5.train.loop import Trainer
@@ -156,7 +159,7 @@ class Producer(threading.Thread):
 
 def make_engine(cfg, model, named: NamedTensors, version: int) -> RolloutEngine:
     if cfg.rollout_engine == "policy":
-        return PolicyEngine(model.config, model.backend.name, named, version)
+        return PolicyEngine(model.config, model.backend.name, named, version, invariant=cfg.layout_invariant)
     from glm5.train.engine_vllm import VllmEngine
 
     return VllmEngine(
@@ -166,6 +169,7 @@ def make_engine(cfg, model, named: NamedTensors, version: int) -> RolloutEngine:
         tensor_parallel_size=cfg.engine_tp,
         max_model_len=cfg.prompt_len + cfg.response_len,
         max_num_seqs=cfg.batch_size * cfg.group_size,
+        layout_invariant=cfg.layout_invariant,
     )
 
 
@@ -289,8 +293,10 @@ def async_rl_step(trainer: Trainer, step: int) -> dict:
         for g in o.param_groups:
             g["lr"] = lr
     dev = trainer.device
-    ro = scored(trainer, prompts.to(dev), gen.responses.to(dev), gen.logprobs.to(dev))
-    rec = update(trainer, ro, step, lr, t0)
+    forward = partial(batch_invariant, trainer.model) if cfg.layout_invariant else contextlib.nullcontext
+    with forward():
+        ro = scored(trainer, prompts.to(dev), gen.responses.to(dev), gen.logprobs.to(dev))
+    rec = update(trainer, ro, step, lr, t0, forward)
     ar.after_step(step + 1)
     ar.train_busy.add(t0, time.perf_counter())
     ar.trained_tokens += ro.responses.numel()

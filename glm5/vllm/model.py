@@ -31,7 +31,7 @@ from glm5.checkpoint import TensorFiles, read_config, without_absent_mtp
 from glm5.config import GLM5Config
 from glm5.layers import rope_angles
 from glm5.model import GLM5ForCausalLM
-from glm5.parallel import agreement
+from glm5.parallel import agreement, invariant
 from glm5.parallel.plan import check as check_plan
 from glm5.vllm import weights as weights_module
 from glm5.vllm.cache import Glm5CacheLayer, Glm5StepMetadata
@@ -151,7 +151,8 @@ class Glm5BackendsForCausalLM(nn.Module):
         self.counts["steps"] += 1
         self.counts["tokens"] += n
         self.counts["max_step_tokens"] = max(self.counts["max_step_tokens"], n)
-        hidden, used = self.glm.model(input_ids[:n], step)
+        with invariant.from_env(self.backend):  # GLM5_LAYOUT_INVARIANT=1: SPEC 12's mode
+            hidden, used = self.glm.model(input_ids[:n], step)
         if self.agreement is not None:
             self.agreement.check(used)
         if n == input_ids.shape[0]:
@@ -167,7 +168,8 @@ class Glm5BackendsForCausalLM(nn.Module):
         return Step(self.step_backend, StepSlots(md.layout, pos, md.slot_mapping), cos, sin, self.caches)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.glm.lm_head(hidden_states)
+        with invariant.from_env(self.backend):
+            return self.glm.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """vLLM's (name, tensor) iterator, each rank copying only its slice into the existing parameters

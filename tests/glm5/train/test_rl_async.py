@@ -75,6 +75,18 @@ def test_on_policy_setting_samples_with_the_trainers_weights(tmp_path):
         assert math.isclose(r["mismatch_max"], 1.0, abs_tol=1e-3)
 
 
+def test_layout_invariant_mode_makes_the_engine_and_trainer_agree_bitwise(tmp_path):
+    """On-policy (K = 1, S = 0) the engine samples with the trainer's weights: with --layout-invariant
+    pi_train / pi_rollout is exactly 1 on every token; without it, the decode path and the training
+    forward round differently on the cpu backend (so the check can fail)."""
+    kw = dict(steps=2, push_every=1, max_staleness=0, backend="cpu", response_len=4)
+    _, on = _run(tmp_path / "on", layout_invariant=True, **kw)
+    _, off = _run(tmp_path / "off", **kw)
+    assert all(r["mismatch_min"] == 1.0 == r["mismatch_max"] for r in on), on
+    assert any(r["mismatch_min"] != 1.0 or r["mismatch_max"] != 1.0 for r in off), off
+    assert all(r["ppo_ratio_min"] == 1.0 == r["ppo_ratio_max"] for r in on)  # one update a step: r = 1
+
+
 def test_a_push_replaces_the_engines_weights():
     cfg = GLM5Config.from_preset("tiny")
     a, b = (GLM5ForCausalLM(cfg, backend="reference") for _ in range(2))
@@ -107,6 +119,7 @@ def test_intervals_overlap():
         (dict(push_every=3, max_staleness=1), "max_staleness"),
         (dict(rollout_engine="ray"), "rollout_engine"),
         (dict(rollout_precision="fp8"), "rollout_precision"),
+        (dict(rollout_engine="sync", layout_invariant=True), "layout_invariant"),
     ],
 )
 def test_options_are_checked(kw, name):
