@@ -82,10 +82,6 @@ def perplexity(model: GLM5ForCausalLM, ids: torch.Tensor, batch: int = 4) -> flo
     return math.exp(-float(lp.gather(-1, ids[:, 1:, None]).mean()))
 
 
-def _fmt_gib(b: int) -> str:
-    return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**10:.1f} KiB"
-
-
 @torch.no_grad()
 def ppl_table(model_dir: Path, n_eval: int = 32, n_calib: int = 16, seq_len: int = 128) -> list[dict]:
     """Held-out perplexity of the checkpoint in fp32 / bf16 and quantized by each recipe (bf16 base), with

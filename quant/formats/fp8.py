@@ -215,10 +215,6 @@ class DequantizingReader(TensorReader):
         self._raw.close()
 
 
-def dequantized_state(path: str | Path, dtype: torch.dtype = torch.bfloat16):
-    return DequantizingReader(Path(path), dtype)
-
-
 @torch.no_grad()
 def load_fp8(
     path: str | Path,
