@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -136,3 +137,31 @@ def test_cli_refuses_inconsistent_staleness_and_a_missing_vllm(tmp_path):
     r = CliRunner().invoke(main, [*args, "--rollout-engine", "vllm"])
     assert r.exit_code == 2 and "vLLM is not installed" in r.output, r.output
     assert "Traceback" not in r.output and not (tmp_path / "run").exists()
+
+
+def _dp_worker(rank: int, world: int, out: str) -> list[dict] | None:
+    from glm5.train.mesh import Mesh
+
+    cfg = TrainConfig(**dict(ASYNC, steps=3, push_every=1, max_staleness=0))
+    trainer = Trainer(cfg, out, mesh=Mesh(dp=world))
+    try:
+        trainer.run(progress=False)
+    finally:
+        rl_async.close(trainer)
+    if rank:
+        return None
+    return [json.loads(ln) for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_trainer_at_dp2_feeds_one_engine_with_its_gathered_weights(tmp_path):
+    """dp = 2: rank 0's engine samples both ranks' rows; each push gathers the FSDP shards into whole
+    tensors. On-policy, the engine's log-probs then match the sharded trainer's forward (a wrong or stale
+    gather would put the mismatch far from 1)."""
+    from tests.ranks import run_ranks
+
+    recs = run_ranks(_dp_worker, 2, str(tmp_path))[0]
+    assert [r["engine_version"] for r in recs] == [0, 1, 2] and recs[-1]["engine_pushes"] == 2
+    for r in recs:
+        assert r["response_tokens"] == ASYNC["batch_size"] * ASYNC["group_size"] * ASYNC["response_len"]
+        assert math.isclose(r["mismatch_min"], 1.0, abs_tol=1e-3), r
+        assert math.isclose(r["mismatch_max"], 1.0, abs_tol=1e-3), r
