@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 _lock = threading.Lock()
 _depth = 0
@@ -69,14 +70,86 @@ def scale_exponent(absmax: torch.Tensor) -> torch.Tensor:
 
 def to_grid(x: torch.Tensor, e: torch.Tensor, t: int) -> torch.Tensor:
     """round(x * 2^(t - e)) as fp64 integers (|.| <= 2^t; ties to even)."""
-    return torch.round(x.double() * pow2(t - e))
+    scale = pow2(t - e)
+    return (x * scale if x.dtype == torch.float64 else x.double().mul_(scale)).round_()
 
 
 def scaled(
     partial: torch.Tensor, e_row: torch.Tensor, f_col: torch.Tensor, t: int, dtype: torch.dtype
 ) -> torch.Tensor:
-    """The integer product scaled by 2^(e_i + f_j - 2t) (exact) and rounded once to dtype."""
-    return ldexp(partial, e_row[..., :, None] + f_col[..., None, :] - 2 * t).to(dtype)
+    """The integer product scaled by 2^(e_i + f_j - 2t) and rounded once to dtype. The two factors
+    2^(e_i - t) and 2^(f_j - t) are exact in fp64 (|P| < 2^53 and |e|, |f| <= 150 stay far inside its
+    exponent range), so only the final cast rounds."""
+    rows = pow2(e_row.to(torch.int64) - t)[..., :, None]
+    cols = pow2(f_col.to(torch.int64) - t)[..., None, :]
+    return partial.mul_(rows).mul_(cols).to(dtype)
+
+
+class _Grid:
+    """A weight's column side of `exact_matmul` (exponents f and integer grid), valid while its storage
+    lives (a weak reference: the address is not reused while it does) and its version counter (bumped by
+    every in-place write through the parameter: an optimizer step, a load; not by writes through `.data`)
+    is unchanged."""
+
+    __slots__ = ("storage", "version", "f", "grid")
+
+    def __init__(self, storage: StorageWeakRef, version: int, f: torch.Tensor, grid: torch.Tensor) -> None:
+        self.storage, self.version, self.f, self.grid = storage, version, f, grid
+
+
+#: (storage address, view geometry, t) -> _Grid; entries of freed storages are swept as it grows
+_grids: dict[tuple, _Grid] = {}
+_sweep_at = 256
+
+
+def _remember(key: tuple, entry: _Grid) -> None:
+    global _sweep_at
+    if len(_grids) >= _sweep_at:
+        for k in [k for k, g in _grids.items() if g.storage.expired()]:
+            del _grids[k]
+        _sweep_at = max(256, 2 * len(_grids))
+    _grids[key] = entry
+
+
+#: storage address -> version of the parameters passed to a backend op in the mode (noted by the mode:
+#: inside the op the tensor is an alias with a version counter of its own)
+_noted: dict[int, int] = {}
+
+
+def note_weights(args: tuple) -> None:
+    """Record the parameters among a backend op's arguments (their storage and version)."""
+    for a in args:
+        if isinstance(a, torch.nn.Parameter):
+            _noted[a.untyped_storage().data_ptr()] = a._version
+
+
+def forget_weights() -> None:
+    _noted.clear()
+
+
+def _version_of(b: torch.Tensor, weight: bool) -> int | None:
+    """The version that keys b's cached grid: its own for a view of a Parameter, the noted one for a
+    declared weight; None (not cached) otherwise."""
+    if isinstance(b._base if b._is_view() else b, torch.nn.Parameter):
+        return b._version
+    return _noted.get(b.untyped_storage().data_ptr()) if weight else None
+
+
+def _column_side(b: torch.Tensor, t: int, weight: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(f, integer grid) of b [..., K, N]; cached per weight version when b is a view of a Parameter or a
+    declared `weight` the mode noted."""
+    version = _version_of(b, weight)
+    if version is not None:
+        key = (b.untyped_storage().data_ptr(), b.storage_offset(), tuple(b.shape), b.stride(), b.dtype, t)
+        entry = _grids.get(key)
+        if entry is not None and entry.version == version and not entry.storage.expired():
+            return entry.f, entry.grid
+    col_max = b.abs().amax(-2) if b.shape[-2] else b.new_zeros(b.shape[:-2] + b.shape[-1:])
+    f = scale_exponent(col_max)
+    grid = to_grid(b, f[..., None, :], t)
+    if version is not None:
+        _remember(key, _Grid(StorageWeakRef(b.untyped_storage()), version, f, grid))
+    return f, grid
 
 
 def exact_matmul(
@@ -87,6 +160,7 @@ def exact_matmul(
     k_total: int | None = None,
     max_over: Callable[[torch.Tensor], torch.Tensor] | None = None,
     sum_over: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    weight: bool = False,
 ) -> torch.Tensor:
     """a [..., M, K] @ b [..., K, N] -> [..., M, N] in out_dtype (default a's), the same bits for any
     blocking, batch, row subset or split of K.
@@ -94,15 +168,20 @@ def exact_matmul(
     Row-parallel use (K split over ranks): k_total is the unsplit K, max_over the elementwise max over
     the ranks (of the per-row and per-column maxima) and sum_over the sum over the ranks of the fp64
     integer partial products (exact in any order); every rank then returns the unsplit product's bits.
+    b's side is cached per weight version (`_column_side`) when b is a weight (`weight`, or a view of a
+    Parameter), outside the row-parallel case.
     """
     dtype = out_dtype or a.dtype
     t = grid_bits(k_total or a.shape[-1])
     row_max = a.abs().amax(-1) if a.shape[-1] else a.new_zeros(a.shape[:-1])
-    col_max = b.abs().amax(-2) if b.shape[-2] else b.new_zeros(b.shape[:-2] + b.shape[-1:])
-    if max_over is not None:
-        row_max, col_max = max_over(row_max.float()), max_over(col_max.float())
-    e, f = scale_exponent(row_max), scale_exponent(col_max)
-    partial = torch.matmul(to_grid(a, e[..., None], t), to_grid(b, f[..., None, :], t))
+    if max_over is None:
+        e = scale_exponent(row_max)
+        f, b_grid = _column_side(b, t, weight)
+    else:
+        col_max = b.abs().amax(-2) if b.shape[-2] else b.new_zeros(b.shape[:-2] + b.shape[-1:])
+        e, f = scale_exponent(max_over(row_max.float())), scale_exponent(max_over(col_max.float()))
+        b_grid = to_grid(b, f[..., None, :], t)
+    partial = torch.matmul(to_grid(a, e[..., None], t), b_grid)
     if sum_over is not None:
         partial = sum_over(partial)
     return scaled(partial, e, f, t, dtype)
@@ -131,19 +210,26 @@ _EXP_TERMS = 14  # Taylor terms of exp(r), |r| <= ln2 / 2: truncation below 1e-1
 _ATANH_TERMS = 13  # odd terms of atanh(s), |s| <= 0.1716
 
 
-def _exp64(x: torch.Tensor) -> torch.Tensor:
-    x = x.clamp(-1100.0, 710.0)
+def _exp64(x: torch.Tensor, narrow: bool = False) -> torch.Tensor:
+    """e^x in fp64. `narrow`: the caller rounds to fp32 or a narrower type, so x is clamped to
+    [-708, 708] instead (2^n then one exponent-bit power): every result beyond that range rounds to the
+    same 0 / inf / 1 there as with the wide clamp."""
+    x = x.clamp(-708.0, 708.0) if narrow else x.clamp(-1100.0, 710.0)
     n = torch.round(x * INV_LN2)
-    r = (x - n * LN2_HI) - n * LN2_LO
+    r = (x - n * LN2_HI).sub_(n * LN2_LO)
     p = torch.full_like(r, 1.0 / math.factorial(_EXP_TERMS - 1))
     for i in range(_EXP_TERMS - 2, -1, -1):
-        p = p * r + 1.0 / math.factorial(i)
-    return ldexp(p, n)
+        p.mul_(r).add_(1.0 / math.factorial(i))
+    return p.mul_(pow2(n)) if narrow else ldexp(p, n)
+
+
+def _narrow(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float32, torch.bfloat16, torch.float16)
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
     """e^x, NaN kept."""
-    y = _exp64(x.double())
+    y = _exp64(x.double(), _narrow(x.dtype))
     return torch.where(torch.isnan(x), x.double(), y).to(x.dtype)
 
 
@@ -207,12 +293,12 @@ def pow_scalar(base: float, x: torch.Tensor) -> torch.Tensor:
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    return (1.0 / (1.0 + _exp64(-x.double()))).to(x.dtype)
+    return _exp64(-x.double(), _narrow(x.dtype)).add_(1.0).reciprocal_().to(x.dtype)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     xd = x.double()
-    return (xd / (1.0 + _exp64(-xd))).to(x.dtype)
+    return (xd / _exp64(-xd, _narrow(x.dtype)).add_(1.0)).to(x.dtype)
 
 
 def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:

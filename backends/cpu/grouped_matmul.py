@@ -46,7 +46,7 @@ def grouped_matmul(
         if a == z:
             continue
         if x.dtype.is_floating_point and invariant.active():  # SPEC 12: exact, any row count
-            out[a:z] = invariant.exact_matmul(x[a:z], w[e].T, out_dtype)
+            out[a:z] = invariant.exact_matmul(x[a:z], w[e].T, out_dtype, weight=True)
         elif x.dtype.is_floating_point:
             if x.dtype == w.dtype == out_dtype and x.dtype != torch.float32:
                 out[a:z] = torch.mm(x[a:z], w[e].T).to(out_dtype)

@@ -160,3 +160,44 @@ def test_the_cpu_attention_has_its_own_invariant_path_with_the_specs_bits(block_
     assert torch.isneginf(lse[4]).all() and not out[4].any()
     normal, _ = cpu_attention(q, cache, idx, layout, 0.2, 16)
     torch.testing.assert_close(out, normal)
+
+
+def test_a_weights_cached_grid_follows_in_place_writes():
+    """The weight side of a product is cached per weight version: an in-place write (an optimizer step,
+    a load), also to the experts the cpu backend's grouped_matmul receives through the custom op, is seen
+    by the next forward."""
+    from glm5.config import GLM5Config
+    from glm5.model import GLM5ForCausalLM
+
+    ids = torch.randint(0, 512, (1, 12), generator=_g(30))
+
+    def forward(m):
+        with torch.no_grad(), layout_invariant(m.backend):
+            return m(ids).logits
+
+    model = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend="cpu")
+    model.init_weights(0)
+    forward(model)  # fills the cache
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("experts.down_proj", "o_proj.weight", "kv_b_proj.weight")):
+                p.mul_(1.5)
+    fresh = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend="cpu")
+    fresh.load_state_dict(model.state_dict())
+    assert torch.equal(forward(model), forward(fresh))
+
+
+def test_the_narrow_exp_gives_the_wide_formulas_bits_once_rounded():
+    """exp / sigmoid / silu of fp32 / bf16 clamp to [-708, 708] and take one power of two (faster); after
+    the rounding to the input's dtype that is the wide clamp's result, also at the ends of the range."""
+    x = torch.cat([torch.linspace(-2000, 2000, 40_001), torch.tensor([-math.inf, math.inf, -3e38, 3e38])])
+    wide = num._exp64(x.double())
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype)
+        w = num._exp64(xd.double())
+        assert torch.equal(num.exp(xd), w.to(dtype))
+        assert torch.equal(num.sigmoid(xd), (1.0 / (1.0 + num._exp64(-xd.double()))).to(dtype))
+        finite = xd[:-4]  # silu(-inf): -inf / (1 + e^708) = -inf here, -inf / inf = NaN with the wide clamp
+        want = (finite.double() / (1.0 + num._exp64(-finite.double()))).to(dtype)
+        assert torch.equal(num.silu(finite), want)
+    assert torch.equal(num.exp(x.double()), wide)  # fp64 keeps the wide range
