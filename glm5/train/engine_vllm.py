@@ -85,6 +85,9 @@ class VllmEngine:
             dtype=dtype,
             seed=0,
             tensor_parallel_size=tensor_parallel_size,
+            # the layout-invariant mode has no exact product for experts split on their intermediate dim:
+            # they are split by expert instead (the plugin's expert parallel over the same ranks)
+            enable_expert_parallel=layout_invariant and tensor_parallel_size > 1,
             distributed_executor_backend="mp" if tensor_parallel_size > 1 else None,
             logprobs_mode="processed_logprobs",
         )

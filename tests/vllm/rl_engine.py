@@ -2,15 +2,17 @@
 process-wide state): start it on one tiny model's weights, sample, push another model's weights in place,
 sample again with the same seed; print one JSON line.
 
-    python tests/vllm/rl_engine.py '{"tensor_parallel_size": 2}'
+    python tests/vllm/rl_engine.py '{"tensor_parallel_size": 2, "layout_invariant": false}'
 
 Prints {"before"/"after": the sampled tokens, "diff_before"/"diff_after": the largest |engine log-prob -
-the training forward's log-prob| of the sampled tokens under the weights the engine held, "version",
+the training forward's log-prob| of the sampled tokens under the weights the engine held (with
+"layout_invariant": the engine and the training forward in that mode), "version",
 "pushes", "start_s", "push_s"}.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -23,7 +25,7 @@ def main(spec: dict) -> dict:
     from glm5.model import GLM5ForCausalLM
     from glm5.train.engine_local import checkpoint_tensors
     from glm5.train.engine_vllm import VllmEngine
-    from glm5.train.rollout import sequence_logprobs
+    from glm5.train.rollout import batch_invariant, sequence_logprobs
 
     cfg = GLM5Config.from_preset("tiny")
     a, b = (GLM5ForCausalLM(cfg, backend="reference").requires_grad_(False) for _ in range(2))
@@ -34,6 +36,7 @@ def main(spec: dict) -> dict:
         a,
         checkpoint_tensors(a.state_dict(), cfg.tie_word_embeddings),
         tensor_parallel_size=spec.get("tensor_parallel_size", 1),
+        layout_invariant=spec.get("layout_invariant", False),
     )
     out: dict = {"start_s": time.perf_counter() - t0}
     prompts = torch.randint(0, 256, (4, 12), generator=torch.Generator().manual_seed(0))
@@ -48,7 +51,8 @@ def main(spec: dict) -> dict:
         engine.close()
     for key, model, gen in (("before", a, before), ("after", b, after)):
         out[key] = gen.responses.tolist()
-        train = sequence_logprobs(model, prompts, gen.responses, 1.0)
+        with batch_invariant(model) if spec.get("layout_invariant") else contextlib.nullcontext():
+            train = sequence_logprobs(model, prompts, gen.responses, 1.0)
         out[f"diff_{key}"] = float((train - gen.logprobs).abs().max())
     return out
 
