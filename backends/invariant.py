@@ -45,6 +45,23 @@ def switched_on() -> Iterator[None]:
             _depth -= 1
 
 
+# -- a row-parallel layer: set by the plan's pre-hook, taken by the layer's product ------------------------
+_local = threading.local()
+
+
+def row_parallel_next(group, k_total: int) -> None:
+    """The next product in this thread (a matmul, or a quantized linear's) is a row-parallel layer's: its
+    K (k_total unsplit) split over `group` (rank, size, all_reduce in rank order, all_gather)."""
+    _local.pending = (group, k_total)
+
+
+def take_row_parallel():
+    """(group, k_total) set by `row_parallel_next`, or None; cleared."""
+    pending = getattr(_local, "pending", None)
+    _local.pending = None
+    return pending
+
+
 # -- powers of two from their bits (torch.ldexp multiplies by pow(2, n), a vectorised pow) --------------
 def pow2(n: torch.Tensor) -> torch.Tensor:
     """2^n in fp64 for integer-valued n in [-1022, 1023], built from its exponent bits (exact)."""

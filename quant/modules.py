@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from backends import Backend, moe
+from backends import Backend, invariant, moe
 from backends.formats import pack_int4, unpack_int4
+from quant import invariant as invariant_mode
 from quant.recipe import W4A8, W8A8, Scheme
 
 F32 = torch.float32  # scales and biases are fp32 whatever torch's default dtype (vLLM sets bf16)
@@ -47,7 +48,10 @@ class QuantLinear(Fp32Scales):
 
     W8A8: dynamic_quant_int8 + w8a8_matmul; W4A8: dynamic_quant_int8 + w4a8_matmul.
     Semantics: backends/reference/w8a8_matmul.py (SPEC 2.6), backends/reference/w4a8_matmul.py (SPEC 2.7)
+    In the layout-invariant mode: quant/invariant.py (also split by input columns: the plan's row-parallel).
     """
+
+    exact_split_product = True  # the plan's row-parallel split keeps the mode's bits (quant/invariant.py)
 
     def __init__(
         self,
@@ -131,6 +135,8 @@ class QuantLinear(Fp32Scales):
         self.use_backend(self.backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if invariant.active():
+            return invariant_mode.forward(self, x)
         shape = x.shape
         be, w = self.backend, self._prepared
         xq, xs = be.dynamic_quant_int8(x.reshape(-1, shape[-1]))

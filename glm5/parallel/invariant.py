@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Iterator
 
 import torch
@@ -54,23 +53,11 @@ def require(backend) -> None:
             )
 
 
-# -- a row-parallel linear: set by the plan's pre-hook, taken by the next matrix product ----------------
-_local = threading.local()
-
-
-def row_parallel_next(group, k_total: int) -> None:
-    """The next matrix product in this thread is a row-parallel layer's: K split over `group`."""
-    _local.pending = (group, k_total)
-
-
-def _take_row_parallel():
-    pending = getattr(_local, "pending", None)
-    _local.pending = None
-    return pending
+row_parallel_next = num.row_parallel_next  # the plan's pre-hook; the next product takes it
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    pending = _take_row_parallel()
+    pending = num.take_row_parallel()
     if pending is None:
         return num.exact_matmul(a, b)
     group, k_total = pending

@@ -162,7 +162,12 @@ def _rowwise(lin: nn.Linear, group: Group) -> None:
     """Split the input dim; the partial outputs are summed over the group. In the layout-invariant mode the
     product itself sums exact integer partials over the group (SPEC 12), so the float sum is skipped."""
     _split_linear(lin, "rowwise", 1, group)
-    k_total = shard_info(lin.weight).full_shape[1] if isinstance(lin, nn.Linear) else None
+    if isinstance(lin, nn.Linear):
+        k_total = shard_info(lin.weight).full_shape[1]
+    elif getattr(lin, "exact_split_product", False):  # quantized linears: exact integer partials
+        k_total = lin.in_features * group.size
+    else:
+        k_total = None
 
     def exact_partials(module: nn.Module, args: tuple) -> None:
         if invariant.active():
