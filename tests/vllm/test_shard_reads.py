@@ -217,3 +217,11 @@ def test_a_misshapen_or_missing_quantized_tensor_is_named(tiny_checkpoint, tmp_p
         load(bad)
     with pytest.raises(CheckpointError, match=f"missing tensor.*{re.escape(name)}"):
         load([(n, t) for n, t in pairs if n != name])
+
+
+def test_an_in_place_update_of_a_quantized_model_is_refused_in_one_line():
+    plugin = SimpleNamespace(quantized=True)
+    with pytest.raises(
+        ValueError, match="update_weights: in-place updates take a float checkpoint's tensors"
+    ):
+        Glm5BackendsForCausalLM.update_weights(plugin, [])

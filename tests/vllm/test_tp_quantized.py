@@ -1,6 +1,7 @@
 """Quantized checkpoints split over two vLLM CPU workers by the same plan as float ones: W8A8 in both export
-formats (compressed-tensors, msModelSlim) and a GLM-5-FP8-style checkpoint, each loaded by the project's
-reader and then split (the quantized layers declare their own split: glm5/parallel/plan.py).
+formats (compressed-tensors, msModelSlim) and a GLM-5-FP8-style checkpoint, each worker reading its slices
+through vLLM's weight iterator (the quantized layers declare their own split: glm5/parallel/plan.py; what
+each rank reads: tests/vllm/test_shard_reads.py).
 
 The reference is the project's own quantized model split by the same plan on two gloo processes
 (tests/ranks.py): teacher-forced prompt log-probs agree within LOGPROB_TOL (the engine batches and chunks
@@ -118,3 +119,22 @@ def test_fp8_checkpoint_split_over_two_workers(prompts, scratch, tmp_path):
         f"FP8 TP=2: worst prompt log-prob difference {worst:.2e} from the plan's 2-process split, "
         f"{unsplit:.2e} from the unsplit FP8 model"
     )
+
+
+def test_a_dummy_load_serves_a_quantized_model(tiny_checkpoint, prompts, scratch, tmp_path):
+    """load_format dummy: vLLM never calls load_weights; the model built from the quantization config
+    (quant.load.skeleton) runs on its int8 ops with whatever the dummy loader left."""
+    model = GLM5ForCausalLM.from_pretrained(tiny_checkpoint, backend="reference")
+    quantize_model(model, "glm5-w8a8")
+    out = tmp_path / "tiny-w8a8"
+    export(model, out, "compressed-tensors")
+    r = run_engine(
+        scratch,
+        "reference",
+        script=ENGINE,
+        model=str(out),
+        prompts=prompts[:1],
+        load_format="dummy",
+        max_tokens=4,
+    )
+    assert len(r["tokens"][0]) == 4 and r["stats"]["calls"]["w8a8_matmul"] > 0
