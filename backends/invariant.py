@@ -27,6 +27,11 @@ _lock = threading.Lock()
 _depth = 0
 
 
+class NotLayoutInvariant(ValueError):
+    """What the layout-invariant mode cannot run: a backend op that does not declare it, a split it has no
+    exact product for, a fused loss it does not cover."""
+
+
 def active() -> bool:
     """Whether the layout-invariant mode is on (in any thread of the process)."""
     return _depth > 0

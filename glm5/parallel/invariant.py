@@ -34,8 +34,13 @@ OPS = ("sparse_mla_attention", "indexer_topk", "topk", "grouped_matmul")
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class NotLayoutInvariant(ValueError):
-    """The backend cannot run the layout-invariant mode (one of its ops does not declare it)."""
+NotLayoutInvariant = num.NotLayoutInvariant
+#: fused losses the mode refuses: their log-sum-exp is the backend's, not SPEC 12's
+FUSED_LOSS = (
+    "linear_cross_entropy: the fused loss is not layout-invariant (its log-sum-exp is the backend's own "
+    "sum); in the layout-invariant mode take log-probs from the logits (log_softmax, as "
+    "glm5.train.rollout.sequence_logprobs does)"
+)
 
 
 def active() -> bool:
@@ -150,6 +155,8 @@ class _InvariantArithmetic(TorchDispatchMode):
         if handler is not None and any(_floating(a) for a in args[:3]):
             return handler(*args, **kwargs)
         if func.namespace == "glm5":  # a backend op: its weights' versions key their cached grids
+            if func.name() == "glm5::linear_cross_entropy":
+                raise NotLayoutInvariant(FUSED_LOSS)
             num.note_weights(args)
         return func(*args, **kwargs)
 

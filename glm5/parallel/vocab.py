@@ -13,15 +13,19 @@ The local logits are plain torch matmuls in fp32, as the reference backend's per
 backend op `linear_cross_entropy` returns the mean loss and the per-row log-sum-exp of the vocabulary it
 is given, not the target logit a split vocabulary has to take from the rank that holds it, and no
 backend has a lower-level op for these statistics.
+
+The layout-invariant mode (SPEC 12) refuses this fused loss: its log-sum-exp over the split vocabulary is
+not the unsplit vocabulary's fixed tree. Log-probs in the mode come from the gathered logits instead.
 """
 
 from __future__ import annotations
 
 import torch
 
-from backends import linear_ce
+from backends import invariant, linear_ce
 from backends.linear_ce import LinearCEKernels, row_chunks
 from glm5.parallel.group import Group
+from glm5.parallel.invariant import FUSED_LOSS
 
 # Rows per chunk are chosen so one chunk's local fp32 logits stay under this many elements (read at call
 # time: tests shrink it to force several chunks). Equal shards give every rank the same chunks, so the
@@ -53,6 +57,9 @@ def vocab_parallel_linear_cross_entropy(
         )
     if targets.shape != h.shape[:1]:
         raise ValueError(f"targets: expected [N={h.shape[0]}], got {tuple(targets.shape)}")
+    if invariant.active():
+        # its per-rank sums of exponentials, combined in rank order, are not the unsplit vocabulary's tree
+        raise invariant.NotLayoutInvariant(f"vocabulary-split {FUSED_LOSS}")
     kernels = _kernels(group, vocab_start)
     return ChunkedLinearCrossEntropy.apply(h, weight_shard, targets, ignore_index, kernels)
 

@@ -177,3 +177,31 @@ def test_the_bits_are_the_same_under_every_cpu_capability():
         hashes.add(digest)
     assert len(set(isas)) > 1, f"the capabilities did not switch kernels: {isas}"
     assert len(hashes) == 1, dict(zip(isas, hashes))
+
+
+def _logprobs_rank(rank: int, world: int, sampled: torch.Tensor) -> torch.Tensor:
+    from glm5.train.rollout import sequence_logprobs
+
+    model = _model("cpu")
+    plan.apply(model, tp=TorchGroup(), ep=TorchGroup())  # the vocabulary-split head: logits gathered
+    with torch.no_grad(), layout_invariant(model.backend):
+        logp = sequence_logprobs(model, _ids()[:2, :8], sampled, 0.7)
+        with pytest.raises(NotLayoutInvariant, match="vocabulary-split linear_cross_entropy"):
+            model(_ids()[:2], labels=_ids()[:2])
+    return logp
+
+
+def test_the_trainers_logprobs_at_tp2_are_the_engines_and_the_fused_loss_is_refused():
+    """In the mode the trainer's log-probs (whole sequences, TP 2, vocabulary-split head, log_softmax of
+    the gathered logits) are the bits of the engine's (decode path, one process, unsplit); the fused
+    linear cross-entropy (the backend op, or its vocabulary-split form) is refused with one error."""
+    from glm5.train.rollout import sample
+
+    model = _model("cpu")
+    with layout_invariant(model.backend):
+        sampled, logp_engine = sample(model, _ids()[:2, :8], 6, temperature=0.7, generator=torch.Generator())
+    for logp_train in run_ranks(_logprobs_rank, 2, sampled):
+        assert torch.equal(logp_train, logp_engine)
+    with torch.no_grad(), layout_invariant(model.backend):
+        with pytest.raises(NotLayoutInvariant, match="^linear_cross_entropy: the fused loss"):
+            model(_ids()[:2], labels=_ids()[:2])
