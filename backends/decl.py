@@ -119,6 +119,8 @@ class OpDecl:
     nondiff_outputs: tuple[int, ...] = ()
     #: quantity -> how to measure it on the interface's arguments (no host reads; None: unknown)
     quantities: Mapping[str, Callable[[dict[str, Any]], int | None]] = field(default_factory=dict)
+    #: sized(g, dtype, quantity, value) -> arguments with that quantity at value (limit cases, SPEC 3)
+    sized: Callable[[torch.Generator, str, str, int], dict[str, Any]] | None = None
     returns: Callable[[dict[str, Any], Any], Any] | None = None
     before_backward: Callable[..., tuple] | None = None
     params: tuple[Param, ...] = field(init=False)

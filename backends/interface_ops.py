@@ -148,3 +148,10 @@ class ContractOps:
         Semantics: backends/reference/linear_cross_entropy.py (SPEC 2.9)
         """
         return self._call("linear_cross_entropy", _args(locals()))
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """SwiGLU's activation on a fused gate-up projection (SPEC 2.10): x [M, 2N] float = [gate | up]
+        -> silu(gate) * up [M, N], dtype of x; differentiable in x.
+        Semantics: backends/reference/silu_and_mul.py (SPEC 2.10)
+        """
+        return self._call("silu_and_mul", _args(locals()))

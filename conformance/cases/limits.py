@@ -207,7 +207,11 @@ def _fp8_attention(q: str, v: int) -> Callable:
 
 
 def _builder(op: str, q: str, v: int, variant: str) -> Callable[[torch.Generator, str], dict[str, Any]]:
-    """Arguments with quantity `q` of `op` (a name in its declaration's `quantities`) equal to `v`."""
+    """Arguments with quantity `q` of `op` (a name in its declaration's `quantities`) equal to `v`: the
+    declaration's own `sized` where it has one, else a builder here."""
+    sized = OPS[op].sized
+    if sized is not None:
+        return lambda g, dt: sized(g, dt, q, v)
     if op == "topk":
         return _topk(q, v)
     if op in ("indexer_logits", "indexer_topk"):

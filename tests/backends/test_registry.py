@@ -277,7 +277,7 @@ def sample(op: str, dt: str, layout_kind: str = "ragged") -> dict:
             targets=torch.tensor([0, 4, 2]),
             ignore_index=-100,
         )
-    raise AssertionError(f"no sample for {op}")
+    return OPS[op].sample(torch.Generator().manual_seed(0), dt, False)  # its declaration's (backends/decls)
 
 
 CLAIMS = [(op, dt) for op, spec in OPS.items() for dt in spec.dtype_axis]
@@ -312,6 +312,7 @@ OUT_DTYPE = {
     "w4a8_matmul": lambda dt: FLOAT_DT[dt],
     "grouped_matmul": lambda dt: FLOAT_DT.get(dt, torch.bfloat16),
     "linear_cross_entropy": lambda dt: torch.float32,
+    "silu_and_mul": lambda dt: FLOAT_DT[dt],
 }
 OUT_DTYPE.update(FP8_OUT_DTYPE)
 

@@ -1,0 +1,25 @@
+"""cuda backend: silu_and_mul (SPEC 2.10) -> kernels_cuda.silu_and_mul (one launch forward, one backward;
+to the default tolerance: Triton's exp)."""
+
+from __future__ import annotations
+
+import torch
+
+from backends.caps import OpCaps, OpImpl
+from backends.ops import FLOATS
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """Semantics: backends/reference/silu_and_mul.py (SPEC 2.10)"""
+    from kernels_cuda.silu_and_mul import silu_and_mul as kernel
+
+    return kernel(x)
+
+
+def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Tensor]:
+    from kernels_cuda.silu_and_mul import silu_and_mul_backward
+
+    return (silu_and_mul_backward(args["x"], grad_outputs[0]),)
+
+
+IMPL = OpImpl(silu_and_mul, OpCaps(FLOATS, differentiable=True), backward=backward)
