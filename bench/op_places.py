@@ -22,6 +22,7 @@ MACHINERY = [
     for m in (
         "interface",
         "interface_fp8",
+        "interface_ops",
         "ops",
         "library",
         "library_fp8",
