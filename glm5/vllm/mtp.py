@@ -82,17 +82,22 @@ class Glm5BackendsMTP(nn.Module):
         self.tp, self.ep = groups(vllm_config.parallel_config)  # the target's groups: the same plan
         if self.tp is not None:
             check_plan(c, self.tp.size, 1 if self.ep is None else self.ep.size)
-        #: float checkpoints: vLLM's iterator, each rank its slice; quantized ones: the project's readers
+        #: vLLM's iterator, each rank its slice (quantized: the MTP layers' modules from the quantization
+        #: config, quant.load.skeleton, and only their tensors loaded: glm5/vllm/quant_weights.py)
         self.quantized = formats.claiming(self.path) is not None or formats.looks_quantized(self.path)
-        with torch.device("meta"):
-            glm = GLM5ForCausalLM(c, backend=self.backend, dtype=self.dtype)
-        if not self.quantized:
+        if self.quantized:
+            from quant.load import skeleton
+
+            glm = _mtp_only(skeleton(self.path, backend=self.backend, dtype=self.dtype))
+            self.names = weights_module.split_skeleton(glm, self.tp, self.ep)  # the MTP layers' names
+            self._set_model(glm)
+        else:
+            with torch.device("meta"):
+                glm = GLM5ForCausalLM(c, backend=self.backend, dtype=self.dtype)
             self.names = weights_module.CheckpointNames(glm)  # before the split: full shapes
             self._set_model(self._split(glm))
             self.glm.to_empty(device=torch.get_default_device())  # local slices only
             self.glm.requires_grad_(False).eval()
-        else:
-            self._set_model(_mtp_only(glm))
         fmt = CacheFormats(c, cc.cache_dtype, self.backend, self.dtype)
         n = c.num_hidden_layers
         latent, index_k = [], []
@@ -170,13 +175,11 @@ class Glm5BackendsMTP(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Float checkpoints: the MTP layers' tensors of vLLM's iterator, each rank copying its slice (the
-        rest is the target's) -> the names loaded. Quantized ones: the project's reader, then the plan."""
-        if not self.quantized:
-            return {f"glm.{name}" for name in weights_module.load(self.glm, self.names, self._own(weights))}
-        del weights  # never read: the project's reader opens the same safetensors files
-        glm = GLM5ForCausalLM.from_pretrained(self.path, backend=self.backend, dtype=self.dtype)
-        self._set_model(self._split(glm.requires_grad_(False).eval()))
-        return {name for name, _ in self.named_parameters()}
+        rest is the target's) -> the names loaded; quantized ones the same way (names of the MTP layers)."""
+        if self.quantized:
+            mine = ((hf, t) for hf, t in weights if hf in self.names.params or hf in self.names.quant)
+            return {f"glm.{name}" for name in weights_module.load(self.glm, self.names, mine)}
+        return {f"glm.{name}" for name in weights_module.load(self.glm, self.names, self._own(weights))}
 
     def _own(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """vLLM's pairs without the target's tensors (main layers, embedding, final norm, head)."""

@@ -54,7 +54,7 @@ def split_skeleton(glm: nn.Module, tp: Group | None, ep: Group | None) -> Checkp
     if tp is not None:
         apply(glm, tp=tp, ep=ep)
     glm.to_empty(device=torch.get_default_device())
-    if glm.config.tie_word_embeddings:
+    if glm.config.tie_word_embeddings and hasattr(glm, "lm_head"):  # an MTP draft has none (the target's)
         glm.lm_head.weight = glm.model.embed_tokens.weight
     glm.requires_grad_(False).eval()
     return names

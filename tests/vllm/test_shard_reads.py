@@ -114,14 +114,15 @@ def _owner(name: str) -> str:
     return m.group(1) if m else name.rsplit(".", 1)[0]
 
 
-def _sizes(path: Path, shards: dict) -> tuple[int, int]:
-    """(bytes of the tensors the plan leaves whole, bytes of those it splits), the MTP copies left out."""
+def _sizes(path: Path, shards: dict, only: tuple[str, ...] = ("",)) -> tuple[int, int]:
+    """(bytes of the tensors the plan leaves whole, bytes of those it splits) among those whose names start
+    with one of `only`, the MTP copies left out."""
     whole = split = 0
     copies = set(_shared_copies(GLM5Config.from_dict(read_config(path))))
     for f in set(weight_files(path).values()):
         with safe_open(f, framework="pt") as h:
             for name in h.keys():  # noqa: SIM118
-                if name in copies:
+                if name in copies or not name.startswith(only):
                     continue
                 sl = h.get_slice(name)
                 n = torch.Size(sl.get_shape()).numel() * ITEMSIZE[sl.get_dtype()]
@@ -225,3 +226,37 @@ def test_an_in_place_update_of_a_quantized_model_is_refused_in_one_line():
         ValueError, match="update_weights: in-place updates take a float checkpoint's tensors"
     ):
         Glm5BackendsForCausalLM.update_weights(plugin, [])
+
+
+def test_the_mtp_draft_reads_only_its_layers_shard(tiny_checkpoint, tmp_path, monkeypatch):
+    """The MTP draft (glm5/vllm/mtp.py) keeps only the MTP layers' tensors of the iterator, its slices."""
+    from glm5.vllm.mtp import Glm5BackendsMTP, _mtp_only
+
+    path = _quantized(tmp_path, tiny_checkpoint, "glm5-w8a8", "modelslim")
+    cfg = GLM5Config.from_dict(read_config(path))
+    assert cfg.num_nextn_predict_layers > 0
+    mtp = tuple(f"model.layers.{cfg.num_hidden_layers + j}." for j in range(cfg.num_nextn_predict_layers))
+    for rank in (0, 1):
+        with monkeypatch.context() as m:
+            m.setattr(
+                TensorFiles, "get", lambda *a, **k: pytest.fail("the whole-checkpoint reader was called")
+            )
+            glm = _mtp_only(skeleton(path, backend="reference"))
+            names = weights.split_skeleton(glm, _Rank(rank), None)
+            draft = SimpleNamespace(glm=glm, names=names, quantized=True, path=path, tp=_Rank(rank), ep=None)
+            draft.backend, draft.dtype = glm.backend, None
+            reads = _Reads()
+            Glm5BackendsMTP.load_weights(draft, _iterator(path, reads))
+        want = GLM5ForCausalLM.from_pretrained(path, backend="reference").requires_grad_(False)
+        shards = plan.apply(want, tp=_Rank(rank))
+        want_sd = want.state_dict()
+        got = glm.state_dict()
+        assert got and all(k.startswith(mtp) for k in got)
+        for k, v in got.items():
+            assert torch.equal(v, want_sd[k]), k
+        whole, split = _sizes(path, shards, mtp)
+        assert whole + split // 2 * 0.98 <= reads.bytes <= whole + split // 2 + split // 20, (
+            reads.bytes,
+            whole,
+            split,
+        )

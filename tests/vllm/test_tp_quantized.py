@@ -17,13 +17,15 @@ import pytest
 import torch
 
 from glm5.config import GLM5Config
+from glm5.generate import generate_speculative
 from glm5.model import GLM5ForCausalLM
 from glm5.parallel import plan
 from glm5.parallel.group import TorchGroup
 from quant.load import export
 from quant.quantize import quantize_model
 from tests.ranks import run_ranks
-from tests.vllm._util import available, engine_env, run_engine
+from tests.vllm._util import MAX_TOKENS, available, engine_env, run_engine
+from tests.vllm.test_mtp import NUM_DRAFT, mtp_checkpoint  # noqa: F401 (a fixture)
 from tests.vllm.test_quantized import _teacher_forced
 from tests.vllm.test_tp import ENGINE, TP2
 
@@ -138,3 +140,21 @@ def test_a_dummy_load_serves_a_quantized_model(tiny_checkpoint, prompts, scratch
         max_tokens=4,
     )
     assert len(r["tokens"][0]) == 4 and r["stats"]["calls"]["w8a8_matmul"] > 0
+
+
+def test_mtp_drafts_from_a_quantized_checkpoint(mtp_checkpoint, prompts, scratch, tmp_path):  # noqa: F811
+    """The MTP draft of a W8A8 export loads only its MTP layers' tensors through vLLM's iterator (the rest is
+    the target's): vLLM's tokens and accepted drafts equal the project's speculative decoder on it."""
+    model = GLM5ForCausalLM.from_pretrained(mtp_checkpoint, backend="reference")
+    quantize_model(model, "glm5-w8a8")
+    out = tmp_path / "tiny-mtp-w8a8"
+    export(model, out, "modelslim")
+    spec = {"method": "mtp", "num_speculative_tokens": NUM_DRAFT}
+    r = run_engine(scratch, "reference", model=str(out), prompts=prompts, speculative_config=spec)
+    quantized = GLM5ForCausalLM.from_pretrained(out, backend="reference").requires_grad_(False)
+    runs = [
+        generate_speculative(quantized, torch.tensor([p]), MAX_TOKENS, num_draft=NUM_DRAFT) for p in prompts
+    ]
+    assert r["tokens"] == [run.tokens[0] for run in runs]
+    accepted = sum(sum(run.rounds) - len(run.rounds) for run in runs)
+    assert r["spec_decode"]["vllm:spec_decode_num_accepted_tokens"] == accepted > 0
