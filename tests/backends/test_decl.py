@@ -130,3 +130,22 @@ def test_opcheck_on_every_declared_sample(op, dt, grad):
     if any(isinstance(v, torch.Tensor) and v.dtype == torch.float8_e4m3fn for v in args.values()):
         utils = tuple(u for u in utils if u != "test_schema")  # CPU torch cannot perturb e4m3 inputs
     torch.library.opcheck(library.CUSTOM_OPS[op], library.custom_op_args(op, args, be.key), test_utils=utils)
+
+
+def test_the_generated_backward_recomputes_lse_a_direct_call_did_not_ask_for():
+    """`before_backward` (sparse attention): a direct custom-op call with return_lse=False gets the same
+    gradients as one with it, from one more forward."""
+    ref = backends.get("reference")
+    d = DECLS["sparse_mla_attention"]
+    sample = d.sample(torch.Generator().manual_seed(0), "float32", True)
+    grads = []
+    for return_lse in (True, False):
+        q, kv = (sample[n].detach().clone().requires_grad_() for n in ("q", "kv_cache"))
+        args = {**sample, "q": q, "kv_cache": kv, "return_lse": return_lse}
+        out, lse = library.CUSTOM_OPS["sparse_mla_attention"](
+            *library.custom_op_args("sparse_mla_attention", args, ref.key)
+        )
+        assert lse.shape == ((4, 2) if return_lse else (0,))
+        out.sum().backward()
+        grads.append((q.grad, kv.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
