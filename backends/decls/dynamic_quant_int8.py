@@ -7,6 +7,7 @@ from torch import Tensor
 
 from backends import validation as v
 from backends.decl import OpDecl
+from backends.decls import _sized
 from backends.decls._common import FLOATS, dim, dtype_of, randn
 
 
@@ -28,6 +29,7 @@ DECL = OpDecl(
     validate=v.check_dynamic_quant_int8,
     fake=_fake,
     sample=lambda g, dt, grad: dict(x=randn(g, 5, 64, dtype=dt)),
+    sized=_sized.gemm("dynamic_quant_int8"),
     sharding="columns or rows local",
     quantities={"K": dim("x", 1)},
 )

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from backends import validation_fp8 as v8
 from backends.decl import OpDecl
+from backends.decls import _sized
 from backends.decls._common import FP8, INDEXER_QUANTITIES, dtype_of, indexer_logits_fake, randn
 from backends.layout import SeqLayout
 
@@ -35,6 +36,7 @@ DECL = OpDecl(
     values=v8.values_fp8_indexer_logits,
     fake=indexer_logits_fake,
     sample=sample,
+    sized=_sized.fp8_indexer("fp8_indexer_logits"),
     sharding="replicated",
     cache_arg="k_cache",
     quantities=INDEXER_QUANTITIES,

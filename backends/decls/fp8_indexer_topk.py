@@ -6,6 +6,7 @@ from torch import Tensor
 
 from backends import validation_fp8 as v8
 from backends.decl import OpDecl
+from backends.decls import _sized
 from backends.decls._common import FP8, INDEXER_QUANTITIES, dtype_of, indexer_topk_fake, scalar
 from backends.decls.fp8_indexer_logits import sample as logits_sample
 from backends.layout import SeqLayout
@@ -27,6 +28,7 @@ DECL = OpDecl(
     values=v8.values_fp8_indexer_topk,
     fake=indexer_topk_fake,
     sample=lambda g, dt, grad: logits_sample(g, dt, grad) | {"topk": 3},
+    sized=_sized.fp8_indexer("fp8_indexer_topk"),
     sharding="replicated",
     cache_arg="k_cache",
     quantities={**INDEXER_QUANTITIES, "topk": scalar("topk")},

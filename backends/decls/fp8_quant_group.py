@@ -7,6 +7,7 @@ from torch import Tensor
 
 from backends import validation_fp8 as v8
 from backends.decl import OpDecl
+from backends.decls import _sized
 from backends.decls._common import E4M3, FLOATS, dim, dtype_of, randn, scalar
 
 
@@ -31,6 +32,7 @@ DECL = OpDecl(
     validate=v8.check_fp8_quant_group,
     fake=_fake,
     sample=lambda g, dt, grad: dict(x=randn(g, 3, 200, dtype=dt), group_size=128, eps=1e-4, ue8m0=False),
+    sized=_sized.fp8_quant_group,
     sharding="columns or rows local",
     quantities={"group_size": scalar("group_size"), "K": dim("x", 1)},
 )

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from backends import validation_fp8 as v8
 from backends.decl import OpDecl
+from backends.decls import _sized
 from backends.decls._common import FLOATS, attention_fake, attention_returns, dtype_of, randn
 from backends.decls.sparse_mla_attention import QUANTITIES
 from backends.layout import SeqLayout
@@ -49,6 +50,7 @@ DECL = OpDecl(
     values=v8.values_fp8_sparse_mla_attention,
     fake=attention_fake,
     sample=sample,
+    sized=_sized.fp8_attention,
     sharding="heads local",
     cache_arg="kv_cache",
     quantities={q: QUANTITIES[q] for q in ("heads", "topk")},  # the 656-byte rows fix d_qk and d_v

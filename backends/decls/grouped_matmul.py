@@ -7,6 +7,7 @@ from torch import Tensor
 
 from backends import validation as v
 from backends.decl import OpDecl
+from backends.decls import _sized
 from backends.decls._common import FLOATS, dim, dtype_name, randn, rows_by_cols, scalar
 
 
@@ -50,6 +51,7 @@ DECL = OpDecl(
     values=v.values_grouped_matmul,
     fake=rows_by_cols(("x", 0), ("w", 1), lambda a: a["out_dtype"] or a["x"].dtype),
     sample=sample,
+    sized=_sized.gemm("grouped_matmul"),
     sharding="experts or intermediate local",
     grad_args=("x", "w"),  # the float variant (integer tensors carry no gradient)
     quantities={"K": dim("x", 1), "experts": dim("w", 0), "group_size": scalar("group_size")},

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from backends import validation as v
 from backends.decl import OpDecl
+from backends.decls import _sized
 from backends.decls._common import (
     FLOATS,
     INDEXER_QUANTITIES,
@@ -43,6 +44,7 @@ DECL = OpDecl(
     values=v.values_indexer_logits,
     fake=indexer_logits_fake,
     sample=sample,
+    sized=_sized.indexer("indexer_logits"),
     sharding="replicated",
     cache_arg="k_cache",
     grad_args=("q", "k_cache", "weights"),

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from backends import validation as v
 from backends.decl import OpDecl
+from backends.decls import _sized
 from backends.decls._common import FLOATS, INDEXER_QUANTITIES, dtype_of, indexer_topk_fake, scalar
 from backends.decls.indexer_logits import sample as logits_sample
 from backends.layout import SeqLayout
@@ -30,6 +31,7 @@ DECL = OpDecl(
     values=v.values_indexer_topk,
     fake=indexer_topk_fake,
     sample=sample,
+    sized=_sized.indexer("indexer_topk"),
     sharding="replicated",
     cache_arg="k_cache",
     quantities={**INDEXER_QUANTITIES, "topk": scalar("topk")},

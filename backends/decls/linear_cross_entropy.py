@@ -7,6 +7,7 @@ from torch import Tensor
 
 from backends import validation as v
 from backends.decl import OpDecl
+from backends.decls import _sized
 from backends.decls._common import FLOATS, dim, dtype_of, randn
 
 
@@ -39,6 +40,7 @@ DECL = OpDecl(
     values=v.values_linear_cross_entropy,
     fake=_fake,
     sample=sample,
+    sized=_sized.linear_cross_entropy,
     sharding="unsplit",
     grad_args=("h", "weight"),
     outputs=2,  # the custom op's (loss, lse [N] fp32): lse is what the backward reads (empty [0] without one)

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from backends import validation as v
 from backends.decl import OpDecl
+from backends.decls import _sized
 from backends.decls._common import (
     FLOATS,
     LONG_BLOCKS,
@@ -76,6 +77,7 @@ DECL = OpDecl(
     values=v.values_sparse_mla_attention,
     fake=attention_fake,
     sample=sample,
+    sized=_sized.attention,
     sharding="heads local",
     cache_arg="kv_cache",
     grad_args=("q", "kv_cache"),

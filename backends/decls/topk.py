@@ -7,6 +7,7 @@ from torch import Tensor
 
 from backends import validation as v
 from backends.decl import OpDecl
+from backends.decls import _sized
 from backends.decls._common import FLOATS, dim, dtype_of, randn, scalar
 
 
@@ -33,6 +34,7 @@ DECL = OpDecl(
     values=v.values_topk,
     fake=_fake,
     sample=sample,
+    sized=_sized.topk,
     sharding="replicated",
     quantities={"k": scalar("k"), "columns": dim("x", 1)},
 )

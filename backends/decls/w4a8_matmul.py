@@ -7,6 +7,7 @@ from torch import Tensor
 
 from backends import validation as v
 from backends.decl import OpDecl
+from backends.decls import _sized
 from backends.decls._common import FLOATS, TDTYPE, dim, dtype_of, int8, randn, rows_by_cols, scalar
 
 
@@ -46,6 +47,7 @@ DECL = OpDecl(
     validate=v.check_w4a8_matmul,
     fake=rows_by_cols(("x_q", 0), ("w_packed", 0), lambda a: a["out_dtype"]),
     sample=sample,
+    sized=_sized.gemm("w4a8_matmul"),
     sharding="columns or rows local",
     quantities={"K": dim("x_q", 1), "N": dim("w_packed", 0), "group_size": scalar("group_size")},
 )

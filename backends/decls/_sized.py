@@ -1,0 +1,240 @@
+"""Inputs with one quantity of an op at a given value: each declaration's `sized` (backends/decl.py), from
+which the conformance suite builds a case at each declared limit and one just past it
+(conformance/cases/limits.py). Each builder makes the smallest valid arguments with that quantity set;
+attention and indexer inputs keep more keys than topk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from backends.decls._common import FLOATS
+from backends.layout import SeqLayout
+
+KEYS = 2100  # > 2048: below it sparse attention equals dense and hides bugs
+
+
+def _f(g: torch.Generator, dtype: str, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=g).to(getattr(torch, dtype))
+
+
+def _i8(g: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+
+
+def _topk(q: str, v: int) -> Callable:
+    def build(g, dt):
+        cols = v if q == "columns" else max(v + 7, 64)
+        k = v if q == "k" else min(8, cols)
+        return dict(x=_f(g, dt, 3, cols), k=k, lengths=None)
+
+    return build
+
+
+def _indexer(op: str, q: str, v: int) -> Callable:
+    def build(g, dt):
+        h = v if q == "index_heads" else 2
+        d = v if q == "index_head_dim" else 16
+        topk = v if q == "topk" else 64
+        keys = v if q == "keys" else max(KEYS, topk + 5)
+        lay = SeqLayout.from_lengths([2], [keys], block_size=64)
+        nb = -(-keys // 64)
+        a = dict(
+            q=_f(g, dt, 2, h, d),
+            k_cache=_f(g, dt, nb, 64, d),
+            weights=torch.rand(2, h, generator=g),
+            layout=lay,
+        )
+        return a | ({"topk": topk} if op == "indexer_topk" else {})
+
+    return build
+
+
+def _attention(q: str, v: int) -> Callable:
+    def build(g, dt):
+        h = v if q == "heads" else 2
+        d_v = v if q == "d_v" else 32
+        d_qk = v if q == "d_qk" else (d_v + v if q == "d_qk_minus_d_v" else max(d_v + 8, 40))
+        d_v = min(d_v, d_qk)
+        topk = v if q == "topk" else 2048
+        keys = max(KEYS, topk + 5)
+        lay = SeqLayout.from_lengths([2], [keys], block_size=64)
+        idx = torch.randint(-1, keys, (2, topk), generator=g, dtype=torch.int32)
+        kv = _f(g, dt, -(-keys // 64), 64, d_qk)
+        return dict(
+            q=_f(g, dt, 2, h, d_qk), kv_cache=kv, indices=idx, layout=lay, sm_scale=d_qk**-0.5, d_v=d_v
+        )
+
+    return build
+
+
+def _gemm(op: str, q: str, v: int, variant: str) -> Callable:
+    def build(g, dt):
+        out = getattr(torch, dt)
+        gs = v if q == "group_size" else 32
+        k = v if q == "K" else (2 * gs if op != "dynamic_quant_int8" else 64)
+        n = v if q == "N" else 8
+        if op == "dynamic_quant_int8":
+            return dict(x=_f(g, dt, 3, k))
+        if op == "w8a8_matmul":
+            return dict(
+                x_q=_i8(g, 3, k),
+                x_scale=torch.rand(3, generator=g),
+                w_q=_i8(g, n, k),
+                w_scale=torch.rand(n, generator=g),
+                bias=None,
+                out_dtype=out,
+            )
+        if op == "w4a8_matmul":
+            k += k % 2
+            gs = gs if k % gs == 0 else k
+            packed = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+            return dict(
+                x_q=_i8(g, 3, k),
+                x_scale=torch.rand(3, generator=g),
+                w_packed=packed,
+                w_scale=torch.rand(n, k // gs, generator=g),
+                group_size=gs,
+                bias=None,
+                out_dtype=out,
+            )
+        e = v if q == "experts" else 3
+        offs = torch.linspace(0, 6, e + 1).round().to(torch.int64)
+        if variant in ("w8a8", "w4a8"):
+            base = dict(x_scale=torch.rand(6, generator=g), out_dtype=torch.bfloat16)
+            if variant == "w8a8":
+                return dict(
+                    x=_i8(g, 6, k),
+                    w=_i8(g, e, n, k),
+                    group_offsets=offs,
+                    w_scale=torch.rand(e, n, generator=g),
+                    group_size=None,
+                    **base,
+                )
+            k += k % 2
+            gs = gs if k % gs == 0 else k
+            w = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
+            return dict(
+                x=_i8(g, 6, k),
+                w=w,
+                group_offsets=offs,
+                w_scale=torch.rand(e, n, k // gs, generator=g),
+                group_size=gs,
+                **base,
+            )
+        return dict(
+            x=_f(g, dt, 6, k),
+            w=_f(g, dt, e, n, k),
+            group_offsets=offs,
+            x_scale=None,
+            w_scale=None,
+            group_size=None,
+            out_dtype=None,
+        )
+
+    return build
+
+
+def _lce(v: int) -> Callable:
+    def build(g, dt):
+        return dict(
+            h=_f(g, dt, 5, 16),
+            weight=_f(g, dt, v, 16),
+            targets=torch.randint(0, v, (5,), generator=g),
+            ignore_index=-100,
+        )
+
+    return build
+
+
+def _fp8_indexer(op: str, q: str, v: int) -> Callable:
+    """The float indexer case, quantized as DeepSeek-V3.2 does (e4m3 q and keys, one scale per key)."""
+    base = _indexer(op.removeprefix("fp8_"), q, v)
+
+    def build(g, dt):
+        from backends.reference.fp8_indexer_logits import quantize_indexer_inputs
+
+        a = base(g, "float32")
+        nb, bs, d = a["k_cache"].shape
+        q8, k8, ks, w8 = quantize_indexer_inputs(a["q"], a["k_cache"].reshape(-1, d), a["weights"])
+        return a | dict(q=q8, k_cache=k8.reshape(nb, bs, d), k_scale=ks.reshape(nb, bs), weights=w8)
+
+    return build
+
+
+def _fp8_quant_group(q: str, v: int) -> Callable:
+    def build(g, dt):
+        gs = v if q == "group_size" else 128
+        k = v if q == "K" else 2 * gs
+        return dict(x=_f(g, dt, 3, k), group_size=gs, eps=1e-4, ue8m0=False)
+
+    return build
+
+
+def _fp8_attention(q: str, v: int) -> Callable:
+    """The 656-byte cache fixes d_qk 576 and d_v 512: heads and topk are what vary."""
+
+    def build(g, dt):
+        from backends.reference.fp8_mla_cache_quant import fp8_mla_cache_quant
+
+        h = v if q == "heads" else 2
+        topk = v if q == "topk" else 2048
+        keys = max(KEYS, topk + 5)
+        lay = SeqLayout.from_lengths([2], [keys], block_size=64)
+        rows = fp8_mla_cache_quant(torch.randn(-(-keys // 64) * 64, 576, generator=g) / 10)
+        idx = torch.randint(-1, keys, (2, topk), generator=g, dtype=torch.int32)
+        return dict(
+            q=_f(g, dt, 2, h, 576),
+            kv_cache=rows.reshape(-1, 64, 656),
+            indices=idx,
+            layout=lay,
+            sm_scale=576**-0.5,
+            d_v=512,
+            return_lse=True,
+        )
+
+    return build
+
+
+Sized = Callable[[torch.Generator, str, str, int], dict[str, Any]]
+
+
+def _float(dt: str) -> str:
+    """The float dtype a dtype-axis value builds its float tensors in (W8A8 / W4A8 / FP8: float32)."""
+    return dt if dt in FLOATS else "float32"
+
+
+def topk(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
+    return _topk(q, v)(g, _float(dt))
+
+
+def indexer(op: str) -> Sized:
+    return lambda g, dt, q, v: _indexer(op, q, v)(g, _float(dt))
+
+
+def fp8_indexer(op: str) -> Sized:
+    return lambda g, dt, q, v: _fp8_indexer(op, q, v)(g, _float(dt))
+
+
+def attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
+    return _attention(q, v)(g, _float(dt))
+
+
+def fp8_attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
+    return _fp8_attention(q, v)(g, _float(dt))
+
+
+def gemm(op: str) -> Sized:
+    """dynamic_quant_int8, w8a8_matmul, w4a8_matmul, grouped_matmul (its variant: the dtype-axis value)."""
+    return lambda g, dt, q, v: _gemm(op, q, v, dt)(g, _float(dt))
+
+
+def linear_cross_entropy(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
+    return _lce(v)(g, _float(dt))
+
+
+def fp8_quant_group(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
+    return _fp8_quant_group(q, v)(g, _float(dt))
