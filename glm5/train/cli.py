@@ -192,6 +192,18 @@ _POS_FLOAT = _FiniteFloat(min=0, min_open=True)
     "mode (docs/spec.md 12), so their log-probs agree bitwise at any tensor-parallel size.",
 )
 @click.option(
+    "--topk-record",
+    is_flag=True,
+    help="--rollout-engine policy: the engine returns its indexer top-k per generated token; metrics.jsonl "
+    "gets the rollout/train top-k overlap per layer.",
+)
+@click.option(
+    "--topk-replay",
+    is_flag=True,
+    help="--rollout-engine policy: the trainer's forwards use the engine's recorded indexer top-k instead of "
+    "recomputing it (implies --topk-record).",
+)
+@click.option(
     "--nproc",
     default=1,
     show_default=True,
@@ -271,6 +283,8 @@ def train(
     max_staleness,
     engine_tp,
     layout_invariant,
+    topk_record,
+    topk_replay,
     nproc,
     mesh,
     zero,
@@ -338,6 +352,8 @@ def train(
             max_staleness=max_staleness,
             engine_tp=engine_tp,
             layout_invariant=layout_invariant,
+            topk_record=topk_record,
+            topk_replay=topk_replay,
             pp_schedule=pp_schedule,
             mtp_stage=mtp_stage,
             microbatches=microbatches,

@@ -27,6 +27,9 @@ class Generation:
     responses: torch.Tensor  # int64 [R, N]
     logprobs: torch.Tensor  # fp32 [R, N], the engine's log-probs of the sampled tokens
     version: int  # the policy version (optimizer steps done) of the weights that sampled
+    # with top-k recording: int32 [R, N, indexer layers, index_topk] (-1 padded), the keys each indexer
+    # layer selected for the query that produced each sampled token (glm5/train/topk_replay.py)
+    topk: torch.Tensor | None = None
 
 
 class RolloutEngine(Protocol):
@@ -76,7 +79,13 @@ class PolicyEngine:
     may change its weights while this samples); `push` copies new weights into that copy."""
 
     def __init__(
-        self, config, backend: str | None, named: NamedTensors, version: int = 0, invariant: bool = False
+        self,
+        config,
+        backend: str | None,
+        named: NamedTensors,
+        version: int = 0,
+        invariant: bool = False,
+        record_topk: bool = False,
     ) -> None:
         from glm5.model import GLM5ForCausalLM
         from glm5.vllm.weights import CheckpointNames  # torch only: importing it does not import vLLM
@@ -84,6 +93,7 @@ class PolicyEngine:
         self.model = GLM5ForCausalLM(config, backend=backend).requires_grad_(False).eval()
         self.names = CheckpointNames(self.model)
         self.invariant = invariant  # sample in the layout-invariant mode (SPEC 12)
+        self.record_topk = record_topk  # return the indexer top-k per generated token
         self.pushes = 0
         self.push(named, version)
         self.pushes = 0  # the initial weights are not a push
@@ -92,14 +102,16 @@ class PolicyEngine:
         self, prompts: torch.Tensor, new_tokens: int, *, temperature: float, seed: int
     ) -> Generation:
         from glm5.train.rollout import batch_invariant, sample
+        from glm5.train.topk_replay import recording
 
         g = torch.Generator().manual_seed(seed)
         dev = self.model.backend.device
-        with batch_invariant(self.model) if self.invariant else contextlib.nullcontext():
+        record = recording(self.model, prompts.shape[1]) if self.record_topk else contextlib.nullcontext()
+        with batch_invariant(self.model) if self.invariant else contextlib.nullcontext(), record as topk:
             responses, logp = sample(
                 self.model, prompts.to(dev), new_tokens, temperature=temperature, generator=g
             )
-        return Generation(responses.cpu(), logp.float().cpu(), self.version)
+        return Generation(responses.cpu(), logp.float().cpu(), self.version, topk[0] if topk else None)
 
     def push(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         from glm5.vllm.weights import load

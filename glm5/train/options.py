@@ -57,6 +57,10 @@ class TrainConfig:
     max_staleness: int = 1
     engine_tp: int = 1
     layout_invariant: bool = False  # the rollout engine's and the trainer's forwards in SPEC 12's mode
+    # the engine's indexer top-k per generated token: compared with the trainer's (record), and used by
+    # the trainer's forwards instead of its own (replay; glm5/train/topk_replay.py)
+    topk_record: bool = False
+    topk_replay: bool = False
     # --mesh pp=N (glm5/train/pipeline_run.py), and per decoder layer what autograd keeps for the backward
     pp_schedule: str = "1f1b"
     mtp_stage: str = "last"
@@ -80,6 +84,13 @@ class TrainConfig:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
         check_rl_options(self)
+        for name in ("topk_record", "topk_replay"):
+            if getattr(self, name) and self.rollout_engine != "policy":
+                raise ValueError(
+                    f"{name}: expected --rollout-engine policy (only the in-process engine records the "
+                    f"indexer top-k; the vLLM engine does not yet), got rollout_engine "
+                    f"{self.rollout_engine!r}"
+                )
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up, then cosine decay to min_lr_ratio * lr at the last step."""

@@ -21,7 +21,10 @@ Figures per step (metrics.jsonl): staleness_max / staleness_mean, engine_version
 blocked on the queue), rollout_tokens_per_s (tokens sampled per second the engine was busy),
 train_tokens_per_s (response tokens trained per second the trainer was busy) and overlap (the wall time
 both were busy over the wall time since the loop started), all since the loop started; the IcePop
-ratio figures (mismatch_min / mismatch_max / mismatch_outside) are the synchronous stage's.
+ratio figures (mismatch_min / mismatch_max / mismatch_outside) are the synchronous stage's. With
+--topk-record / --topk-replay the engine returns its indexer top-k per generated token, the trainer's
+forwards compare (and, replay, use) it and the step records topk_overlap / topk_overlap_layers
+(glm5/train/topk_replay.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch
 from glm5.train.engine_local import Generation, NamedTensors, PolicyEngine, RolloutEngine, policy_tensors
 from glm5.train.rl import ROLLOUT_ENGINES, scored, update
 from glm5.train.rollout import batch_invariant
+from glm5.train.topk_replay import RolloutTopk
 
 if TYPE_CHECKING:
     from glm5.train.loop import Trainer
@@ -157,9 +161,20 @@ class Producer(threading.Thread):
             self.engine.close()
 
 
+def records_topk(cfg) -> bool:
+    return cfg.topk_record or cfg.topk_replay
+
+
 def make_engine(cfg, model, named: NamedTensors, version: int) -> RolloutEngine:
     if cfg.rollout_engine == "policy":
-        return PolicyEngine(model.config, model.backend.name, named, version, invariant=cfg.layout_invariant)
+        return PolicyEngine(
+            model.config,
+            model.backend.name,
+            named,
+            version,
+            invariant=cfg.layout_invariant,
+            record_topk=records_topk(cfg),
+        )
     from glm5.train.engine_vllm import VllmEngine
 
     return VllmEngine(
@@ -210,9 +225,10 @@ class AsyncRollouts:
         d = self.trainer.dist
         if d is not None:
             gen = self._broadcast(gen, prompts.shape[0])
+            topk = None if gen.topk is None else d.local_batch(gen.topk)
             prompts, gen = (
                 d.local_batch(prompts),
-                Generation(d.local_batch(gen.responses), d.local_batch(gen.logprobs), gen.version),
+                Generation(d.local_batch(gen.responses), d.local_batch(gen.logprobs), gen.version, topk),
             )
         return prompts, gen, waited
 
@@ -236,17 +252,23 @@ class AsyncRollouts:
     def _broadcast(self, gen: Generation | None, rows: int) -> Generation:
         import torch.distributed as dist
 
-        cfg = self.trainer.cfg
+        cfg, mc = self.trainer.cfg, self.trainer.model.config
         if gen is None:
+            topk = None
+            if records_topk(cfg):
+                layers = mc.indexer_types.count("full")
+                topk = torch.empty(rows, cfg.response_len, layers, mc.index_topk, dtype=torch.int32)
             gen = Generation(
                 torch.empty(rows, cfg.response_len, dtype=torch.int64),
                 torch.empty(rows, cfg.response_len, dtype=torch.float32),
                 -1,
+                topk,
             )
         version = torch.tensor([gen.version], dtype=torch.int64)
-        for t in (gen.responses, gen.logprobs, version):
-            dist.broadcast(t, 0)
-        return Generation(gen.responses, gen.logprobs, int(version))
+        for t in (gen.responses, gen.logprobs, version, gen.topk):
+            if t is not None:
+                dist.broadcast(t, 0)
+        return Generation(gen.responses, gen.logprobs, int(version), gen.topk)
 
     def after_step(self, done: int) -> None:
         """Push the weights every push_every steps (a collective on several processes)."""
@@ -293,9 +315,14 @@ def async_rl_step(trainer: Trainer, step: int) -> dict:
         for g in o.param_groups:
             g["lr"] = lr
     dev = trainer.device
-    forward = partial(batch_invariant, trainer.model) if cfg.layout_invariant else contextlib.nullcontext
+    tk = None if gen.topk is None else RolloutTopk(prompts, gen.responses, gen.topk, cfg.topk_replay)
+    forward = partial(_forward, trainer.model, cfg.layout_invariant, tk)
+    if tk is not None:
+        tk.measuring = True  # the figure: the forward of logp_old, under the step's weights
     with forward():
         ro = scored(trainer, prompts.to(dev), gen.responses.to(dev), gen.logprobs.to(dev))
+    if tk is not None:
+        tk.measuring = False
     rec = update(trainer, ro, step, lr, t0, forward)
     ar.after_step(step + 1)
     ar.train_busy.add(t0, time.perf_counter())
@@ -309,7 +336,20 @@ def async_rl_step(trainer: Trainer, step: int) -> dict:
         wait_s=waited,
         **ar.figures(),
     )
+    if tk is not None:
+        rec.update(tk.figures(dist=trainer.dist is not None))
     return rec
+
+
+@contextlib.contextmanager
+def _forward(model, invariant: bool, tk: RolloutTopk | None):
+    """The trainer's forwards of a step: in the layout-invariant mode and / or with the rollout's top-k."""
+    with contextlib.ExitStack() as stack:
+        if invariant:
+            stack.enter_context(batch_invariant(model))
+        if tk is not None:
+            stack.enter_context(tk.hooks(model))
+        yield
 
 
 def close(trainer: Trainer) -> None:
