@@ -11,8 +11,8 @@ What the plugin shards (glm5/vllm/model.py, glm5/vllm/parallel.py, glm5/parallel
   beside it; no data-parallel attention: data parallelism is whole independent replicas;
 - its caches: the model dtype, or `fp8_ds_mla` (656-byte latent rows, plus the 132-byte FP8 indexer cache
   where the backend declares `fp8_indexer_topk`), which needs the backend's FP8 MLA cache ops;
-- MTP drafts (`--speculative-config '{"method": "mtp", ...}'`) by the project's MTP layer, held whole on
-  every rank together with its own copy of the output head.
+- MTP drafts (`--speculative-config '{"method": "mtp", ...}'`) by the project's MTP layer, split by the
+  same plan as the target and sharing the target's (split) embedding and output head (glm5/vllm/mtp.py).
 """
 
 from __future__ import annotations
@@ -141,9 +141,8 @@ def _evaluate(req: Request, tp: int, dp: int, ep: bool, kv: str, idx: str) -> Pl
         lay.violations.append(str(exc))
         return lay
     draft = 0
-    if req.spec:  # the draft: MTP layers whole, plus its own output head
-        draft = sum(w.rank_bytes(1, 1, False) for w in weights if w.mtp)
-        draft += sum(w.rank_bytes(1, 1, False) for w in weights if w.module == "lm_head" and not w.mtp)
+    if req.spec:  # the draft: the MTP layers split like the target's; embedding and head are the target's
+        draft = sum(w.rank_bytes(tp, tp, ep) for w in weights if w.mtp)
     work = sum(
         memory.workspace(
             c,
