@@ -23,10 +23,14 @@ def plot_metrics(metrics: str | Path, png: str | Path, init_eval: float | None =
         return [s for s, _ in pts], [v for _, v in pts]
 
     rl = any(r.get("mismatch_min") is not None for r in recs)  # stage rl: a second row of figures
-    fig, axes = plt.subplots(2 if rl else 1, 2, figsize=(11, 8 if rl else 4), squeeze=False)
+    topk = any(r.get("topk_overlap_layers") for r in recs)  # --topk-record / --topk-replay: a third
+    rows = 1 + rl + topk
+    fig, axes = plt.subplots(rows, 2, figsize=(11, 4 * rows), squeeze=False)
     (ax, ax2) = axes[0]
     if rl:
         _rl_figures(axes[1], series)
+    if topk:
+        _topk_figure(axes[rows - 1], recs, series)
     for key, label in (("lm_loss", "train LM"), ("mtp_loss", "train MTP")):
         xs, ys = series(key)
         if xs:
@@ -95,3 +99,21 @@ def _rl_figures(axes, series) -> None:
         xs, ys = series("train_tokens_per_s")
         axt.plot(xs, ys, "-.", color="tab:brown", lw=1, label="train")
         axt.set_ylabel("tokens/s (dashed: rollout, dash-dot: train)")
+
+
+def _topk_figure(axes, recs, series) -> None:
+    """The rollout/train indexer top-k overlap per layer (glm5/train/topk_replay.py); with replay, dotted,
+    that of the trainer's own indexers."""
+    ax, spare = axes
+    per_layer = [(r["step"], r["topk_overlap_layers"]) for r in recs if r.get("topk_overlap_layers")]
+    for j in range(len(per_layer[0][1])):
+        pts = [(s, v[j]) for s, v in per_layer if v[j] is not None]
+        ax.plot([s for s, _ in pts], [v for _, v in pts], lw=1, label=f"indexer layer {j}")
+    xs, ys = series("topk_indexer_overlap")
+    if xs:
+        ax.plot(xs, ys, ":", color="black", lw=1, label="trainer's own indexers (replay)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("top-k overlap |S_rollout & S_train| / |S_train|")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left", fontsize="small")
+    spare.axis("off")

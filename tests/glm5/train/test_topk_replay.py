@@ -122,7 +122,8 @@ def test_async_loop_records_the_per_layer_overlap(tmp_path):
     pytest.importorskip("matplotlib")
     from glm5.train.plots import plot_metrics
 
-    assert plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "loss.png").stat().st_size > 0
+    png = plot_metrics(tmp_path / "metrics.jsonl", tmp_path / "loss.png").read_bytes()
+    assert int.from_bytes(png[20:24], "big") == 3 * 400  # IHDR height: a third row, the top-k overlap
 
 
 @pytest.mark.parametrize("flag", ["--topk-replay", "--topk-record"])
