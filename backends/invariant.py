@@ -224,6 +224,13 @@ def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Ten
     return out.unsqueeze(-1).movedim(-1, dim) if keepdim else out
 
 
+def weighted_sum(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """w [T, H], x [T, H, S] (fp32 or narrower) -> fp32 [T, S]: sum_h w[t, h] x[t, h, s] with every product
+    exact in fp64 (24 + 24 significant bits), summed over h by the fixed tree in fp64, rounded once. The
+    indexer's head-weighted sum: H is never split, so no exact integer form is needed."""
+    return tree_sum(x.double().mul_(w.double()[:, :, None]), 1).float()
+
+
 # -- transcendentals (fp64 formulas, rounded once to the input dtype) ------------------------------------
 LN2_HI = 6.93147180369123816490e-01  # fdlibm: n * LN2_HI is exact for |n| < 2^11
 LN2_LO = 1.90821492927058770002e-10

@@ -44,7 +44,7 @@ def score_block(
     tq, h, d = q.shape
     if invariant.active():  # exact products: the bits of any block, head count or CPU
         dots = invariant.exact_matmul(q.float().reshape(tq * h, d), keys.float().T).relu_()
-        return invariant.exact_matmul(weights.float()[:, None, :], dots.view(tq, h, -1))[:, 0]
+        return invariant.weighted_sum(weights.float(), dots.view(tq, h, -1))
     with one_thread():
         dots = torch.mm(q.float().reshape(tq * h, d), keys.float().T, out=dots)  # [tq * H_I, s]
         dots.relu_()
