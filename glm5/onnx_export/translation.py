@@ -22,7 +22,7 @@ from backends.onnxruntime.indexer_topk import KEY_CHUNK
 from backends.onnxruntime.linear_cross_entropy import CHUNK_ELEMS
 from glm5.onnx_export import calls
 
-#: the glm5 ops the table translates (every op of the contract)
+#: the glm5 ops the table translates (SPEC 2.1-2.9, the onnxruntime backend's: not FP8 or silu_and_mul)
 TRANSLATED = (
     "indexer_logits",
     "indexer_topk",
