@@ -2,7 +2,7 @@
 
 A backend is a package `backends/<name>/` (or a plugin's own package) with one module per op,
 `<package>.<op>`, each defining `IMPL: OpImpl | None`. `load_ops(package)` builds the table in the
-order of `backends.ops.OPS` and checks that every implementation takes exactly the interface's
+order of `backends.ops.OPS` and checks that every implementation takes exactly the op's declared
 argument names, so a drifted signature fails at import, not deep inside a conformance case.
 """
 
@@ -16,15 +16,13 @@ from typing import Any
 
 from backends.caps import OpImpl
 from backends.limits import check_quantities
-from backends.ops import OP_NAMES
+from backends.ops import OP_NAMES, OPS
 
 
 def interface_parameters(op: str) -> tuple[str, ...]:
-    """The argument names of `Backend.<op>` (without self), in order."""
-    from backends.interface import Backend
-
-    params = inspect.signature(getattr(Backend, op)).parameters
-    return tuple(p for p in params if p != "self")
+    """The argument names of `op` in order: its declaration's (backends/decls/<op>.py), which
+    `Backend.<op>` takes too (checked when backends.interface is imported)."""
+    return OPS[op].arg_names
 
 
 def check_signature(op: str, fn: Callable[..., Any], where: str = "") -> None:
