@@ -194,13 +194,13 @@ _POS_FLOAT = _FiniteFloat(min=0, min_open=True)
 @click.option(
     "--topk-record",
     is_flag=True,
-    help="--rollout-engine policy: the engine returns its indexer top-k per generated token; metrics.jsonl "
-    "gets the rollout/train top-k overlap per layer.",
+    help="With a rollout engine: it returns its indexer top-k per generated token; metrics.jsonl gets the "
+    "rollout/train top-k overlap per layer.",
 )
 @click.option(
     "--topk-replay",
     is_flag=True,
-    help="--rollout-engine policy: the trainer's forwards use the engine's recorded indexer top-k instead of "
+    help="With a rollout engine: the trainer's forwards use the engine's recorded indexer top-k instead of "
     "recomputing it (implies --topk-record).",
 )
 @click.option(

@@ -55,6 +55,7 @@ class VllmEngine:
         max_num_seqs: int = 64,
         kv_cache_memory_bytes: int = 1 << 26,
         layout_invariant: bool = False,
+        record_topk: bool = False,
     ) -> None:
         if not vllm_installed():
             raise VllmUnavailable("vLLM is not installed (pip install the 'vllm' extra)")
@@ -93,6 +94,11 @@ class VllmEngine:
         )
         self.version = version
         self.pushes = 0
+        self.record_topk = record_topk  # each worker's indexer top-k per request (glm5/train/topk_replay.py)
+        if record_topk:
+            from glm5.train.topk_replay import install_in_worker
+
+            self.llm.collective_rpc(install_in_worker)
 
     def generate(
         self, prompts: torch.Tensor, new_tokens: int, *, temperature: float, seed: int
@@ -118,8 +124,14 @@ class VllmEngine:
             c = o.outputs[0]
             ids.append(list(c.token_ids))
             logp.append([lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)])
+        topk = None
+        if self.record_topk:
+            from glm5.train.topk_replay import take_from_worker
+
+            asked = [(o.request_id, len(r), new_tokens) for o, r in zip(outs, rows, strict=True)]
+            topk = self.llm.collective_rpc(take_from_worker, args=(asked,))[0]  # the ranks agree
         return Generation(
-            torch.tensor(ids, dtype=torch.int64), torch.tensor(logp, dtype=torch.float32), self.version
+            torch.tensor(ids, dtype=torch.int64), torch.tensor(logp, dtype=torch.float32), self.version, topk
         )
 
     def push(self, named: NamedTensors, version: int) -> None:

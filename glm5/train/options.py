@@ -85,11 +85,10 @@ class TrainConfig:
                 raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
         check_rl_options(self)
         for name in ("topk_record", "topk_replay"):
-            if getattr(self, name) and self.rollout_engine != "policy":
+            if getattr(self, name) and self.rollout_engine == "sync":
                 raise ValueError(
-                    f"{name}: expected --rollout-engine policy (only the in-process engine records the "
-                    f"indexer top-k; the vLLM engine does not yet), got rollout_engine "
-                    f"{self.rollout_engine!r}"
+                    f"{name}: expected a rollout engine (--rollout-engine policy|vllm: it records the "
+                    "indexer top-k; the sync stage samples with the trainer's own), got rollout_engine 'sync'"
                 )
 
     def lr_at(self, step: int) -> float:

@@ -185,6 +185,7 @@ def make_engine(cfg, model, named: NamedTensors, version: int) -> RolloutEngine:
         max_model_len=cfg.prompt_len + cfg.response_len,
         max_num_seqs=cfg.batch_size * cfg.group_size,
         layout_invariant=cfg.layout_invariant,
+        record_topk=records_topk(cfg),
     )
 
 

@@ -183,3 +183,78 @@ class RolloutTopk:
             "topk_overlap_layers": layers,
             "topk_indexer_overlap": mean(1) if self.replay else None,
         }
+
+
+# -- vLLM: the same hooks in each worker, rows mapped to requests through the model runner's input batch --
+
+
+class WorkerRecorder:
+    """In a vLLM worker (installed by `install_in_worker`): per step, the plugin's forward gives the step's
+    token positions and, in its attention metadata, each request's contiguous rows (query_start_loc) in
+    the order of the model runner's `input_batch.req_ids`; the indexer hooks store each request's rows by
+    position. Requests are keyed by the id the client gave (vLLM appends `-<8 random chars>`)."""
+
+    def __init__(self, worker) -> None:
+        runner = worker.model_runner
+        if not hasattr(getattr(runner, "input_batch", None), "req_ids"):
+            raise RuntimeError(
+                f"topk record: vLLM's {type(runner).__name__} has no input_batch.req_ids (the V1 model "
+                "runner's batch order), so its rows cannot be mapped to requests"
+            )
+        self.runner, self.plugin = runner, worker.get_model()
+        self.rows: dict[str, dict[int, list[torch.Tensor | None]]] = {}
+        self._step: list[tuple[str, torch.Tensor]] | None = None  # (request, positions) of the step
+        self._layers = len(indexers(self.plugin.glm))
+
+    def _pre(self, _module, args, kwargs) -> None:
+        from vllm.forward_context import get_forward_context
+
+        self._step = None
+        meta = get_forward_context().attn_metadata
+        md = meta.get(self.plugin.first_cache) if isinstance(meta, dict) else None
+        if md is None:  # profiling run
+            return
+        positions = args[1] if len(args) > 1 else kwargs["positions"]
+        starts = md.layout.cu_seqlens_q.tolist()
+        req_ids = self.runner.input_batch.req_ids[: len(starts) - 1]
+        if len(req_ids) != len(starts) - 1 or any(r is None for r in req_ids):
+            raise RuntimeError("topk record: vLLM's step has other requests than its input batch")
+        pos = positions.to("cpu", torch.int64)
+        self._step = [
+            (r.rsplit("-", 1)[0], pos[a:b]) for r, a, b in zip(req_ids, starts[:-1], starts[1:], strict=True)
+        ]
+
+    def _indexer(self, layer: int, out: torch.Tensor) -> None:
+        if self._step is None:
+            return
+        out = out.detach().to("cpu", torch.int32)
+        row = 0
+        for req, pos in self._step:
+            per_pos = self.rows.setdefault(req, {})
+            for i, p in enumerate(pos.tolist()):
+                per_pos.setdefault(p, [None] * self._layers)[layer] = out[row + i]
+            row += pos.numel()
+
+    def take(self, request: str, positions: range) -> torch.Tensor:
+        """int32 [len(positions), layers, k] of one request (forgotten afterwards)."""
+        per_pos = self.rows.pop(request, {})
+        missing = [p for p in positions if p not in per_pos or any(t is None for t in per_pos[p])]
+        if missing:
+            raise RuntimeError(f"topk record: request {request!r} has no top-k at positions {missing[:4]}")
+        return torch.stack([torch.stack(per_pos[p]) for p in positions])
+
+
+def install_in_worker(worker) -> int:
+    """`llm.collective_rpc(install_in_worker)`: record the plugin's indexer top-k -> the indexer layers."""
+    rec = worker._glm5_topk = WorkerRecorder(worker)
+    rec.plugin.register_forward_pre_hook(rec._pre, with_kwargs=True)
+    for j, m in enumerate(indexers(rec.plugin.glm)):
+        m.register_forward_hook(partial(_call, rec._indexer, j))
+    return rec._layers
+
+
+def take_from_worker(worker, requests: list[tuple[str, int, int]]) -> torch.Tensor:
+    """`llm.collective_rpc(take_from_worker, args=(...))`: (request id, prompt length P, tokens N) each ->
+    int32 [R, N, layers, k], the rows of positions P-1 .. P+N-2."""
+    rec = worker._glm5_topk
+    return torch.stack([rec.take(r, range(p - 1, p + n - 1)) for r, p, n in requests])

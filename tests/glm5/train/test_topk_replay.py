@@ -2,7 +2,8 @@
 is the top-k of the queries that produced the sampled tokens (on-policy in the layout-invariant mode the
 training forward selects exactly those sets), replay makes the training forward's top-k the recorded sets
 bitwise where an engine with other indexer weights selects otherwise, the async loop records the per-layer
-overlap figure, and the flags are refused without the policy engine."""
+overlap figure, and the flags are refused without a rollout engine. vLLM's record:
+tests/vllm/test_topk_record.py."""
 
 from __future__ import annotations
 
@@ -127,10 +128,10 @@ def test_async_loop_records_the_per_layer_overlap(tmp_path):
 
 
 @pytest.mark.parametrize("flag", ["--topk-replay", "--topk-record"])
-def test_flags_need_the_policy_engine(tmp_path, flag):
+def test_flags_need_a_rollout_engine(tmp_path, flag):
     res = CliRunner().invoke(
         main, ["train", "--stage", "rl", "--steps", "1", "--out", str(tmp_path / "r"), flag]
     )
     assert res.exit_code == 2, res.output
-    assert f"{flag.removeprefix('--').replace('-', '_')}: expected --rollout-engine policy" in res.output
+    assert f"{flag.removeprefix('--').replace('-', '_')}: expected a rollout engine" in res.output
     assert "Traceback" not in res.output
