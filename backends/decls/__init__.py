@@ -1,5 +1,5 @@
 """The op declarations (backends/decl.py: `OpDecl`), one module per op, `backends/decls/<op>.py`, each
-defining `DECL`; the table is every such module, in spec-section order (2.1 ... 2.9, then 7.1 ... 7.7).
+defining `DECL`; the table is every such module, in spec-section order (2.1 ... 2.10, then 7.1 ... 7.7).
 
 They sit beside backends/reference/ with the same file names rather than inside the reference modules:
 the reference is the semantics a porter reads and copies, imported by every backend (and it imports the
