@@ -141,8 +141,15 @@ _noted: dict[int, int] = {}
 def note_weights(args: tuple) -> None:
     """Record the parameters among a backend op's arguments (their storage and version)."""
     for a in args:
-        if isinstance(a, torch.nn.Parameter):
+        if _is_parameter(a):
             _noted[a.untyped_storage().data_ptr()] = a._version
+
+
+def _is_parameter(x) -> bool:
+    # isinstance(x, nn.Parameter) runs a Python metaclass hook: a measurable cost at this call count
+    return type(x) is torch.nn.Parameter or (
+        type(x) is not torch.Tensor and isinstance(x, torch.nn.Parameter)
+    )
 
 
 def forget_weights() -> None:
@@ -152,7 +159,7 @@ def forget_weights() -> None:
 def _version_of(b: torch.Tensor, weight: bool) -> int | None:
     """The version that keys b's cached grid: its own for a view of a Parameter, the noted one for a
     declared weight; None (not cached) otherwise."""
-    if isinstance(b._base if b._is_view() else b, torch.nn.Parameter):
+    if _is_parameter(b._base if b._is_view() else b):
         return b._version
     return _noted.get(b.untyped_storage().data_ptr()) if weight else None
 
