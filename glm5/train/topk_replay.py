@@ -203,7 +203,8 @@ class WorkerRecorder:
             )
         self.runner, self.plugin = runner, worker.get_model()
         self.rows: dict[str, dict[int, list[torch.Tensor | None]]] = {}
-        self._step: list[tuple[str, torch.Tensor]] | None = None  # (request, positions) of the step
+        # per request of the step: its id and the (row, position) pairs kept, from its last prompt token on
+        self._step: list[tuple[str, list[tuple[int, int]]]] | None = None
         self._layers = len(indexers(self.plugin.glm))
 
     def _pre(self, _module, args, kwargs) -> None:
@@ -220,20 +221,22 @@ class WorkerRecorder:
         if len(req_ids) != len(starts) - 1 or any(r is None for r in req_ids):
             raise RuntimeError("topk record: vLLM's step has other requests than its input batch")
         pos = positions.to("cpu", torch.int64)
-        self._step = [
-            (r.rsplit("-", 1)[0], pos[a:b]) for r, a, b in zip(req_ids, starts[:-1], starts[1:], strict=True)
-        ]
+        self._step = []
+        for r, a, b in zip(req_ids, starts[:-1], starts[1:], strict=True):
+            first = self.runner.requests[r].num_prompt_tokens - 1  # the prompt's other rows are not kept
+            keep = [(a + i, p) for i, p in enumerate(pos[a:b].tolist()) if p >= first]
+            if keep:
+                self._step.append((r.rsplit("-", 1)[0], keep))
 
     def _indexer(self, layer: int, out: torch.Tensor) -> None:
         if self._step is None:
             return
-        out = out.detach().to("cpu", torch.int32)
-        row = 0
-        for req, pos in self._step:
+        for req, keep in self._step:
             per_pos = self.rows.setdefault(req, {})
-            for i, p in enumerate(pos.tolist()):
-                per_pos.setdefault(p, [None] * self._layers)[layer] = out[row + i]
-            row += pos.numel()
+            for row, p in keep:
+                per_pos.setdefault(p, [None] * self._layers)[layer] = out[row].to(
+                    "cpu", torch.int32, copy=True
+                )
 
     def take(self, request: str, positions: range) -> torch.Tensor:
         """int32 [len(positions), layers, k] of one request (forgotten afterwards)."""
