@@ -5,7 +5,8 @@
   no host reads), value-check a layout once per `SeqLayout` object (every value check on every call
   only under GLM5_VALIDATE=values), check the declared capabilities and raise `NotSupported` with
   every reason, then call the op's torch custom op `torch.ops.glm5.<op>` (`backends/library.py`),
-  which `torch.compile`, `torch.export` and CUDA graphs see as one opaque node;
+  which `torch.compile`, `torch.export` and CUDA graphs see as one opaque node; hooks installed with
+  `hooked` / `with_hooks` (backends/hooks.py) observe each call and may override its result;
 - `run`, which the custom op calls at run time: count the call, run the backend's implementation from
   its `ops` table and, under GLM5_VALIDATE=reference, shadow-check it.
 A backend subclass is a table (op name -> `OpImpl`, built by `backends.table.load_ops`) plus
@@ -16,6 +17,7 @@ unless the backend declares it borrowed (`borrow`, backends/borrow.py: the refer
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 from collections import Counter
@@ -33,6 +35,7 @@ from backends.cache_layout import ONE_TENSOR, MLACacheLayout, MLAPools, arg_tens
 from backends.caps import OpCaps, OpImpl
 from backends.decl import check_interface
 from backends.errors import NotSupported
+from backends.hooks import Hook, call_hooked
 from backends.interface_fp8 import FP8Ops
 from backends.interface_ops import ContractOps
 from backends.layout import SeqLayout
@@ -84,7 +87,11 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
     mla_cache: ClassVar[MLACacheLayout] = ONE_TENSOR
 
     def __init__(self) -> None:
+        #: entries into the backend's own implementations (`run`): its native work, also in compiled graphs
         self.calls: Counter[str] = Counter()
+        #: front-door hooks, in installation order (backends/hooks.py)
+        self.hooks: tuple[Hook, ...] = ()
+        self.hooks_busy: set[int] = set()
         #: the ops declared in `borrow`, checked: an unknown name fails here, with the known ones
         self.borrowed: frozenset[str] = check_names(self.borrow, f"{type(self).__name__}.borrow")
         #: calls, bytes each way and seconds of the borrowed ops
@@ -180,6 +187,22 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
         finally:
             self.validate_values = was
 
+    @contextlib.contextmanager
+    def hooked(self, hook: Hook) -> Iterator[Hook]:
+        """Install `hook` (backends/hooks.py) on this backend inside the block; blocks nest."""
+        self.hooks = (*self.hooks, hook)
+        try:
+            yield hook
+        finally:
+            self.hooks = tuple(h for h in self.hooks if h is not hook)
+
+    def with_hooks(self, *hooks: Hook) -> Backend:
+        """A view of this backend with `hooks` always installed (after its current ones): the same op
+        table, counters and custom-op key, so only the calls made through the view are hooked."""
+        view = copy.copy(self)
+        view.hooks, view.hooks_busy = (*self.hooks, *hooks), set()
+        return view
+
     # -- weights laid out once -----------------------------------------------------------------------
     def prepare(self, op: str, **weights: torch.Tensor) -> dict[str, torch.Tensor]:
         """The weight arguments of `op` in this backend's own layout, made once after loading (vllm-ascend's
@@ -210,6 +233,11 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
                 spec.values(**args)
                 values_checked = True
         unchecked = None if values_checked else UNCHECKED.get(op)
+        if self.hooks:
+            return call_hooked(self, op, args, lambda a: self._serve(op, spec, a, unchecked))
+        return self._serve(op, spec, args, unchecked)
+
+    def _serve(self, op: str, spec: Any, args: dict[str, Any], unchecked: Any) -> Any:
         if unchecked is None:
             return self._dispatch(op, spec, args)
         # values not checked: out-of-range ones get the one defined result of SPEC 10 on every backend

@@ -3,8 +3,9 @@ next to the bf16 model that training differentiates.
 
 `fp8_policy(model)` deep-copies the model, block-quantizes every linear and routed-expert weight the
 published FP8 checkpoints store in FP8 (quant/formats/fp8.py; kv_b_proj de-quantized again, as loaders
-do), and gives the copy an `FP8AttentionBackend`: the model's own backend with the indexer and the sparse
-attention served in FP8 (SPEC 7.4-7.7):
+do), and gives the copy a view of the model's own backend with the `FP8Attention` hook installed
+(`Backend.with_hooks`, backends/hooks.py): a front-door override that serves the indexer and the sparse
+attention in FP8 (SPEC 7.4-7.7):
   indexer_topk / indexer_logits -> q per head and the key cache per key quantized to e4m3 with UE8M0
       scales, the q scale folded into the head weights, then fp8_indexer_topk / fp8_indexer_logits;
   sparse_mla_attention -> the latent cache in FlashMLA's 656-byte rows (fp8_mla_cache_quant +
@@ -34,6 +35,7 @@ from backends.formats import (
     quantize_indexer_inputs,
     quantize_weight_blocks,
 )
+from backends.hooks import NOT_OVERRIDDEN, Hook
 from glm5.moe import Experts
 from quant.formats.fp8 import DEQUANT_AT_LOAD, _matches, fp8_targets
 from quant.fp8_modules import EXPERT_PROJS, FP8Experts, FP8Linear
@@ -51,59 +53,47 @@ def fake_quant_latent(kv: torch.Tensor, d_v: int) -> torch.Tensor:
     return torch.cat([deq, kv[..., d_v:].bfloat16().float()], dim=-1)
 
 
-class FP8AttentionBackend(Backend):
-    """The inner backend with the indexer and sparse attention in FP8; every other op is the inner
-    backend's implementation (its op table, run through this front door). Records the indexer's selections
-    (`selections[i]` = the i-th indexer_topk call's indices) for overlap statistics."""
+def _fp8_indexer(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor) -> tuple:
+    d = k_cache.shape[-1]
+    q8, k8, ks, w8 = quantize_indexer_inputs(q, k_cache.reshape(-1, d), weights)
+    return q8, k8.reshape(k_cache.shape), ks.reshape(k_cache.shape[:-1]), w8
 
-    def __init__(self, inner: Backend, fp8: bool = True) -> None:
-        self.inner, self.fp8 = inner, fp8
-        self.name, self.device, self.ops = inner.name, inner.device, inner.ops
-        super().__init__()
-        self.selections: list[torch.Tensor] = []
+
+class FP8Attention(Hook):
+    """The front-door override (backends/hooks.py) that serves the indexer and the sparse attention in
+    FP8 with the hooked backend's own FP8 ops; every other op is the backend's. `fp8_calls` counts which
+    FP8 path served each overridden call."""
+
+    def __init__(self) -> None:
         self.fp8_calls: defaultdict[str, int] = defaultdict(int)
 
-    def available(self) -> tuple[bool, str]:
-        return self.inner.available()
-
-    def kernel_calls(self):
-        return self.inner.kernel_calls() + self.calls
-
-    def environment(self) -> dict[str, str]:
-        return self.inner.environment()
-
-    def _fp8_indexer(self, q, k_cache, weights):
-        d = k_cache.shape[-1]
-        q8, k8, ks, w8 = quantize_indexer_inputs(q, k_cache.reshape(-1, d), weights)
-        return q8, k8.reshape(k_cache.shape), ks.reshape(k_cache.shape[:-1]), w8
-
-    def indexer_topk(self, q, k_cache, weights, layout, topk):
-        if self.fp8:
+    def override(self, backend: Backend, op: str, args: dict[str, Any]) -> Any:
+        if op == "indexer_topk":
             self.fp8_calls["fp8_indexer_topk"] += 1
-            out = self.inner.fp8_indexer_topk(*self._fp8_indexer(q, k_cache, weights), layout, topk)
-        else:
-            out = self.inner.indexer_topk(q, k_cache, weights, layout, topk)
-        self.selections.append(out.detach().cpu())
-        return out
-
-    def indexer_logits(self, q, k_cache, weights, layout):
-        if not self.fp8:
-            return self.inner.indexer_logits(q, k_cache, weights, layout)
-        self.fp8_calls["fp8_indexer_logits"] += 1
-        return self.inner.fp8_indexer_logits(*self._fp8_indexer(q, k_cache, weights), layout)
-
-    def sparse_mla_attention(self, q, kv_cache, indices, layout, sm_scale, d_v, return_lse=True):
-        if not self.fp8:
-            return self.inner.sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse)
-        if kv_cache.shape[-1] == 576 and d_v == 512:
+            quantized = _fp8_indexer(args["q"], args["k_cache"], args["weights"])
+            return backend.fp8_indexer_topk(*quantized, args["layout"], args["topk"])
+        if op == "indexer_logits":
+            self.fp8_calls["fp8_indexer_logits"] += 1
+            quantized = _fp8_indexer(args["q"], args["k_cache"], args["weights"])
+            return backend.fp8_indexer_logits(*quantized, args["layout"])
+        if op != "sparse_mla_attention":
+            return NOT_OVERRIDDEN
+        kv, d_v = args["kv_cache"], args["d_v"]
+        rest = (args["indices"], args["layout"], args["sm_scale"], d_v, args["return_lse"])
+        if kv.shape[-1] == 576 and d_v == 512:
             self.fp8_calls["fp8_sparse_mla_attention"] += 1
-            rows = self.inner.fp8_mla_cache_quant(kv_cache.reshape(-1, 576)).reshape(
-                *kv_cache.shape[:-1], 656
-            )
-            return self.inner.fp8_sparse_mla_attention(q, rows, indices, layout, sm_scale, d_v, return_lse)
+            rows = backend.fp8_mla_cache_quant(kv.reshape(-1, 576)).reshape(*kv.shape[:-1], 656)
+            return backend.fp8_sparse_mla_attention(args["q"], rows, *rest)
         self.fp8_calls["simulated_fp8_cache"] += 1
-        deq = fake_quant_latent(kv_cache, d_v).to(kv_cache.dtype)
-        return self.inner.sparse_mla_attention(q, deq, indices, layout, sm_scale, d_v, return_lse)
+        return backend.sparse_mla_attention(args["q"], fake_quant_latent(kv, d_v).to(kv.dtype), *rest)
+
+
+def fp8_attention(backend: Backend) -> FP8Attention:
+    """The FP8Attention hook installed on `backend` (a policy's backend from `fp8_policy`)."""
+    for hook in backend.hooks:
+        if isinstance(hook, FP8Attention):
+            return hook
+    raise ValueError(f"backend: expected one with the FP8Attention hook (fp8_policy's), got {backend!r}")
 
 
 @torch.no_grad()
@@ -137,7 +127,7 @@ def to_fp8_modules(model: nn.Module, backend: Any, ue8m0: bool = False) -> nn.Mo
 
 
 def fp8_policy(model: nn.Module) -> nn.Module:
-    """A copy of `model` with FP8 linears and experts and the FP8 attention backend (`.backend`)."""
+    """A copy of `model` with FP8 linears and experts, its backend a view with the FP8Attention hook."""
     # a fresh model with copied weights (a trained model may hold hooks and graph tensors deepcopy refuses)
     with torch.device("meta"):
         m = type(model)(model.config, backend=model.backend, dtype=model.dtype)
@@ -145,7 +135,7 @@ def fp8_policy(model: nn.Module) -> nn.Module:
     m.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
     if model.config.tie_word_embeddings:
         m.lm_head.weight = m.model.embed_tokens.weight
-    m.backend = FP8AttentionBackend(fp8_backend(model.backend))
+    m.backend = fp8_backend(model.backend).with_hooks(FP8Attention())
     return to_fp8_modules(m, m.backend).eval()
 
 

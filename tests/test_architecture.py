@@ -29,6 +29,7 @@ PUBLIC_BACKENDS = {
     "backends.custom_op",
     "backends.errors",
     "backends.formats",
+    "backends.hooks",
     "backends.invariant",
     "backends.interface",
     "backends.layout",

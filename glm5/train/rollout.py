@@ -117,10 +117,12 @@ def rollout_check(
     }
     if rollout_precision == "fp8":
         out["topk_overlap"] = topk_overlap(model, policy, full)
-        out["fp8_calls"] = dict(policy.backend.fp8_calls)
-        be = policy.backend.inner
+        from quant.fp8 import fp8_attention
+
+        out["fp8_calls"] = dict(fp8_attention(policy.backend).fp8_calls)
+        be = policy.backend  # a hooked view of model.backend, or of the reference's
         out["fp8_backend"] = be.name + (
-            "" if be is model.backend else f" ({model.backend.name} has no FP8 ops)"
+            "" if be.name == model.backend.name else f" ({model.backend.name} has no FP8 ops)"
         )
     return out
 
@@ -129,18 +131,14 @@ def rollout_check(
 def topk_overlap(model: GLM5ForCausalLM, policy: GLM5ForCausalLM, ids: torch.Tensor) -> float:
     """Mean over indexer layers and query tokens of |S_bf16 & S_fp8| / |S_bf16|: the indexer's selected key
     sets of the bf16 model and of its FP8 policy, both run as one forward over `ids` [B, S]."""
-    from quant.fp8 import FP8AttentionBackend
+    from backends.hooks import Recorder
 
-    inner = model.backend
-    model.backend = rec = FP8AttentionBackend(inner, fp8=False)
-    try:
+    with model.backend.hooked(Recorder(["indexer_topk"])) as bf16:
         model(ids)
-    finally:
-        model.backend = inner
-    policy.backend.selections.clear()
-    policy(ids)
+    with policy.backend.hooked(Recorder(["indexer_topk"])) as fp8:
+        policy(ids)
     shares = []
-    for a, b in zip(rec.selections, policy.backend.selections, strict=True):
+    for a, b in zip(bf16.outputs("indexer_topk"), fp8.outputs("indexer_topk"), strict=True):
         for ra, rb in zip(a.tolist(), b.tolist(), strict=True):
             sa = {i for i in ra if i >= 0}
             if sa:

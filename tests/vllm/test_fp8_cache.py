@@ -1,7 +1,7 @@
 """The plugin's FP8 KV cache (`kv_cache_dtype="fp8_ds_mla"`): latent rows stored as FlashMLA's 656-byte rows
 by the backend's fp8_mla_cache_quant and read by fp8_sparse_mla_attention, indexer keys stored in FP8 (132
 bytes per key) and read by fp8_indexer_topk; tokens and log-probs equal the project's own FP8-cache decode
-(`quant.fp8.FP8AttentionBackend`) on the same backend.
+(`quant.fp8.FP8Attention`) on the same backend.
 
 Tolerance: vLLM's prompt log-probs vs `log_softmax` of the project model's logits, |difference| <= 1e-4
 (same ops in float32, only the batch composition and the paging differ)."""
@@ -48,10 +48,10 @@ def glm5_width_checkpoint(tmp_path_factory):
 
 
 def _fp8_cache_model(path, backend: str) -> GLM5ForCausalLM:
-    from quant.fp8 import FP8AttentionBackend
+    from quant.fp8 import FP8Attention
 
     model = GLM5ForCausalLM.from_pretrained(path, backend=backend).requires_grad_(False)
-    model.backend = FP8AttentionBackend(model.backend)
+    model.backend = model.backend.with_hooks(FP8Attention())
     return model
 
 
