@@ -10,7 +10,7 @@ written and read by the GLM-5 backend's FP8 ops (SPEC 7.5-7.7).
   keys' e4m3 values first, then their block_size scales. The indexer reads both through views (no copy);
   the query is quantized per call, as keys and queries are in the project's own FP8 path.
 
-The numerics are those of `quant.fp8.FP8AttentionBackend` (the project's FP8-cache decode): both quantize
+The numerics are those of `quant.fp8.FP8Attention` (the project's FP8-cache decode): both quantize
 per row (per key), so quantizing at write time gives the values it gets by quantizing the whole cache at
 each call.
 """
