@@ -8,6 +8,7 @@ tests/vllm/test_topk_record.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,3 +136,27 @@ def test_flags_need_a_rollout_engine(tmp_path, flag):
     assert res.exit_code == 2, res.output
     assert f"{flag.removeprefix('--').replace('-', '_')}: expected a rollout engine" in res.output
     assert "Traceback" not in res.output
+
+
+def _dp_worker(rank: int, world: int, out: str) -> list[dict] | None:
+    from glm5.train.mesh import Mesh
+
+    cfg = TrainConfig(**dict(LOOP, steps=2, push_every=1, max_staleness=0, topk_replay=True))
+    trainer = Trainer(cfg, out, mesh=Mesh(dp=world))
+    try:
+        trainer.run(progress=False)
+    finally:
+        rl_async.close(trainer)
+    return None if rank else [json.loads(ln) for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_trainer_at_dp2_replays_its_share_of_the_record(tmp_path):
+    """dp = 2: rank 0's engine records every row, broadcasts the record with the responses, and each rank
+    replays its own rows (a wrong share would fail the token check of the replay); the figures summed over
+    the ranks."""
+    from tests.ranks import run_ranks
+
+    recs = run_ranks(_dp_worker, 2, str(tmp_path))[0]
+    assert len(recs) == 2
+    for r in recs:
+        assert r["topk_overlap"] == 1.0 and 0 < r["topk_indexer_overlap"] <= 1
