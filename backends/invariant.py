@@ -108,15 +108,15 @@ def scaled(
 
 
 class _Grid:
-    """A weight's column side of `exact_matmul` (exponents f and integer grid), valid while its storage
-    lives (a weak reference: the address is not reused while it does) and its version counter (bumped by
-    every in-place write through the parameter: an optimizer step, a load; not by writes through `.data`)
-    is unchanged."""
+    """A weight's column side of `exact_matmul` (exponents f and integer grid) and the values it was made
+    from. A hit compares the values (one read, a third of making the grid): version counters cannot be
+    trusted here (FSDP2 gathers new weights into the same storage under the old version; the cpu
+    backend's ops get aliases with counters of their own; `.data` writes bypass them)."""
 
-    __slots__ = ("storage", "version", "f", "grid")
+    __slots__ = ("storage", "values", "f", "grid")
 
-    def __init__(self, storage: StorageWeakRef, version: int, f: torch.Tensor, grid: torch.Tensor) -> None:
-        self.storage, self.version, self.f, self.grid = storage, version, f, grid
+    def __init__(self, storage: StorageWeakRef, values: torch.Tensor, f: torch.Tensor, grid: torch.Tensor):
+        self.storage, self.values, self.f, self.grid = storage, values, f, grid
 
 
 #: (storage address, view geometry, t) -> _Grid; entries of freed storages are swept as it grows
@@ -133,18 +133,6 @@ def _remember(key: tuple, entry: _Grid) -> None:
     _grids[key] = entry
 
 
-#: storage address -> version of the parameters passed to a backend op in the mode (noted by the mode:
-#: inside the op the tensor is an alias with a version counter of its own)
-_noted: dict[int, int] = {}
-
-
-def note_weights(args: tuple) -> None:
-    """Record the parameters among a backend op's arguments (their storage and version)."""
-    for a in args:
-        if _is_parameter(a):
-            _noted[a.untyped_storage().data_ptr()] = a._version
-
-
 def _is_parameter(x) -> bool:
     # isinstance(x, nn.Parameter) runs a Python metaclass hook: a measurable cost at this call count
     return type(x) is torch.nn.Parameter or (
@@ -152,32 +140,20 @@ def _is_parameter(x) -> bool:
     )
 
 
-def forget_weights() -> None:
-    _noted.clear()
-
-
-def _version_of(b: torch.Tensor, weight: bool) -> int | None:
-    """The version that keys b's cached grid: its own for a view of a Parameter, the noted one for a
-    declared weight; None (not cached) otherwise."""
-    if _is_parameter(b._base if b._is_view() else b):
-        return b._version
-    return _noted.get(b.untyped_storage().data_ptr()) if weight else None
-
-
 def _column_side(b: torch.Tensor, t: int, weight: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(f, integer grid) of b [..., K, N]; cached per weight version when b is a view of a Parameter or a
-    declared `weight` the mode noted."""
-    version = _version_of(b, weight)
-    if version is not None:
+    """(f, integer grid) of b [..., K, N]; cached when b is a weight (a view of a Parameter, or the caller
+    says so: activations would only fill memory), served while b holds the same values."""
+    cacheable = weight or _is_parameter(b._base if b._is_view() else b)
+    if cacheable:
         key = (b.untyped_storage().data_ptr(), b.storage_offset(), tuple(b.shape), b.stride(), b.dtype, t)
         entry = _grids.get(key)
-        if entry is not None and entry.version == version and not entry.storage.expired():
+        if entry is not None and not entry.storage.expired() and torch.equal(entry.values, b):
             return entry.f, entry.grid
     col_max = b.abs().amax(-2) if b.shape[-2] else b.new_zeros(b.shape[:-2] + b.shape[-1:])
     f = scale_exponent(col_max)
     grid = to_grid(b, f[..., None, :], t)
-    if version is not None:
-        _remember(key, _Grid(StorageWeakRef(b.untyped_storage()), version, f, grid))
+    if cacheable:
+        _remember(key, _Grid(StorageWeakRef(b.untyped_storage()), b.clone(), f, grid))
     return f, grid
 
 
@@ -197,8 +173,8 @@ def exact_matmul(
     Row-parallel use (K split over ranks): k_total is the unsplit K, max_over the elementwise max over
     the ranks (of the per-row and per-column maxima) and sum_over the sum over the ranks of the fp64
     integer partial products (exact in any order); every rank then returns the unsplit product's bits.
-    b's side is cached per weight version (`_column_side`) when b is a weight (`weight`, or a view of a
-    Parameter), outside the row-parallel case.
+    b's side is cached (`_column_side`) when b is a weight (`weight`, or a view of a Parameter), outside
+    the row-parallel case.
     """
     dtype = out_dtype or a.dtype
     t = grid_bits(k_total or a.shape[-1])

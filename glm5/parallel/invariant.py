@@ -154,10 +154,8 @@ class _InvariantArithmetic(TorchDispatchMode):
         handler = _HANDLERS.get(func)
         if handler is not None and any(_floating(a) for a in args[:3]):
             return handler(*args, **kwargs)
-        if func.namespace == "glm5":  # a backend op: its weights' versions key their cached grids
-            if func.name() == "glm5::linear_cross_entropy":
-                raise NotLayoutInvariant(FUSED_LOSS)
-            num.note_weights(args)
+        if func.namespace == "glm5" and func.name() == "glm5::linear_cross_entropy":
+            raise NotLayoutInvariant(FUSED_LOSS)
         return func(*args, **kwargs)
 
 
@@ -167,11 +165,8 @@ def layout_invariant(backend=None) -> Iterator[None]:
     backend ops). With `backend`, first check that it declares the mode for every op of OPS."""
     if backend is not None:
         require(backend)
-    try:
-        with num.switched_on(), _InvariantArithmetic():
-            yield
-    finally:
-        num.forget_weights()
+    with num.switched_on(), _InvariantArithmetic():
+        yield
 
 
 def from_env(backend=None) -> contextlib.AbstractContextManager:

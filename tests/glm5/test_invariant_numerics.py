@@ -162,10 +162,11 @@ def test_the_cpu_attention_has_its_own_invariant_path_with_the_specs_bits(block_
     torch.testing.assert_close(out, normal)
 
 
-def test_a_weights_cached_grid_follows_in_place_writes():
-    """The weight side of a product is cached per weight version: an in-place write (an optimizer step,
-    a load), also to the experts the cpu backend's grouped_matmul receives through the custom op, is seen
-    by the next forward."""
+def test_a_weights_cached_grid_follows_every_write():
+    """The weight side of a product is cached, and served only while the weight holds the same values:
+    a write through the parameter, one through `.data` and one that keeps the version counter (as
+    FSDP2's all-gather into the unsharded parameter does), also to the experts the cpu backend's
+    grouped_matmul receives through the custom op, are all seen by the next forward."""
     from glm5.config import GLM5Config
     from glm5.model import GLM5ForCausalLM
 
@@ -180,8 +181,13 @@ def test_a_weights_cached_grid_follows_in_place_writes():
     forward(model)  # fills the cache
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("experts.down_proj", "o_proj.weight", "kv_b_proj.weight")):
+            if name.endswith(("experts.down_proj", "o_proj.weight")):
                 p.mul_(1.5)
+            elif name.endswith("kv_b_proj.weight"):
+                p.data.mul_(1.5)
+            elif name.endswith(("experts.gate_proj", "q_a_proj.weight")):
+                with torch.autograd._unsafe_preserve_version_counter(p):
+                    p.mul_(1.5)
     fresh = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend="cpu")
     fresh.load_state_dict(model.state_dict())
     assert torch.equal(forward(model), forward(fresh))
