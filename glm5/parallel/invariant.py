@@ -154,6 +154,9 @@ class _InvariantArithmetic(TorchDispatchMode):
         handler = _HANDLERS.get(func)
         if handler is not None and any(_floating(a) for a in args[:3]):
             return handler(*args, **kwargs)
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            with self:  # under inference_mode (vLLM's forward) linear, einsum, ... arrive whole: decompose
+                return func.decompose(*args, **kwargs)
         if func.namespace == "glm5" and func.name() == "glm5::linear_cross_entropy":
             raise NotLayoutInvariant(FUSED_LOSS)
         return func(*args, **kwargs)

