@@ -3,12 +3,17 @@
 
 Token in, token out: prompts go in as `prompt_token_ids`, each response comes back as token ids with the
 sampled token's log-prob (`logprobs=0`, `logprobs_mode="processed_logprobs"`: after the temperature, as the
-trainer's `sequence_logprobs` takes them). vLLM's V1 engine core runs in its own process (and at TP > 1 one
-worker process per rank); `push` sends the whole checkpoint-named tensors to every worker through
-`apply_model` (vLLM's `collective_rpc`), where the plugin's `update_weights` copies each rank's slice
-of the parallel plan in place (no disk reload), then resets the prefix cache (it holds keys of the old
-weights). vLLM pickles the function it sends to the workers, hence VLLM_ALLOW_INSECURE_SERIALIZATION=1 in
-the engine's environment (the data stays inside this machine's processes; checkpoints are never pickled).
+trainer's `sequence_logprobs` takes them). In the layout-invariant mode the plugin's head returns the
+log-probs themselves at the engine's `temperature`, by the trainer's function in SPEC 12's arithmetic
+(GLM5_LOGPROB_TEMPERATURE); vLLM samples them at temperature 1 (the same distribution) and returns their
+bits (`logprobs_mode="raw_logits"`), so the ratio pi_train / pi_rollout is exactly 1 on-policy.
+
+vLLM's V1 engine core runs in its own process (and at TP > 1 one worker process per rank); `push` sends the
+whole checkpoint-named tensors to every worker through `apply_model` (vLLM's `collective_rpc`), where the
+plugin's `update_weights` copies each rank's slice of the parallel plan in place (no disk reload), then
+resets the prefix cache (it holds keys of the old weights). vLLM pickles the function it sends to the
+workers, hence VLLM_ALLOW_INSECURE_SERIALIZATION=1 in the engine's environment (the data stays inside this
+machine's processes; checkpoints are never pickled).
 
 The engine starts from a copy of the trainer's weights written as a float checkpoint into a temporary
 directory (vLLM loads a model from a directory), removed by `close`.
@@ -56,12 +61,15 @@ class VllmEngine:
         kv_cache_memory_bytes: int = 1 << 26,
         layout_invariant: bool = False,
         record_topk: bool = False,
+        temperature: float = 1.0,
     ) -> None:
         if not vllm_installed():
             raise VllmUnavailable("vLLM is not installed (pip install the 'vllm' extra)")
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         os.environ["GLM5_BACKEND"] = model.backend.name  # the plugin computes on the trainer's backend
         os.environ["GLM5_LAYOUT_INVARIANT"] = "1" if layout_invariant else "0"  # read by the plugin
+        os.environ["GLM5_LOGPROB_TEMPERATURE"] = repr(float(temperature))  # the plugin's, in the mode
+        self.layout_invariant, self.temperature = layout_invariant, temperature
         from vllm import LLM
 
         from glm5.train.engine_local import PolicyEngine
@@ -90,7 +98,7 @@ class VllmEngine:
             # they are split by expert instead (the plugin's expert parallel over the same ranks)
             enable_expert_parallel=layout_invariant and tensor_parallel_size > 1,
             distributed_executor_backend="mp" if tensor_parallel_size > 1 else None,
-            logprobs_mode="processed_logprobs",
+            logprobs_mode="raw_logits" if layout_invariant else "processed_logprobs",
         )
         self.version = version
         self.pushes = 0
@@ -105,6 +113,13 @@ class VllmEngine:
     ) -> Generation:
         from vllm import SamplingParams
 
+        if self.layout_invariant:  # the head's log-probs are at the engine's temperature already
+            if temperature != self.temperature:
+                raise ValueError(
+                    f"temperature: this layout-invariant engine samples at {self.temperature} (set when it "
+                    f"was built), got {temperature}"
+                )
+            temperature = 1.0
         rows = prompts.tolist()
         params = [
             SamplingParams(

@@ -186,6 +186,7 @@ def make_engine(cfg, model, named: NamedTensors, version: int) -> RolloutEngine:
         max_num_seqs=cfg.batch_size * cfg.group_size,
         layout_invariant=cfg.layout_invariant,
         record_topk=records_topk(cfg),
+        temperature=cfg.temperature,
     )
 
 

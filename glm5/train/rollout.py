@@ -68,6 +68,12 @@ def sample(
     return torch.stack(toks, 1), torch.stack(logp_roll, 1)
 
 
+def logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log pi over the vocabulary at `temperature`, fp32 [..., V]: the trainer's, and in the layout-invariant
+    mode the vLLM plugin's head (glm5/vllm/model.py), so both sides give SPEC 12's bits."""
+    return torch.log_softmax(logits.float() / temperature, -1)
+
+
 def sequence_logprobs(
     model: GLM5ForCausalLM, prompts: torch.Tensor, sampled: torch.Tensor, temperature: float
 ) -> torch.Tensor:
@@ -75,7 +81,7 @@ def sequence_logprobs(
     differentiable when grad is enabled."""
     p = prompts.shape[1]
     logits = model(torch.cat([prompts, sampled], 1)[:, :-1]).logits[:, p - 1 :]  # [B, N, V]
-    return torch.log_softmax(logits.float() / temperature, -1).gather(2, sampled[..., None])[..., 0]
+    return logprobs(logits, temperature).gather(2, sampled[..., None])[..., 0]
 
 
 @torch.no_grad()

@@ -33,11 +33,13 @@ from glm5.layers import rope_angles
 from glm5.model import GLM5ForCausalLM
 from glm5.parallel import agreement, invariant
 from glm5.parallel.plan import check as check_plan
+from glm5.train.rollout import logprobs
 from glm5.vllm import weights as weights_module
 from glm5.vllm.cache import Glm5CacheLayer, Glm5StepMetadata
 from glm5.vllm.fp8_cache import CacheFormats, FP8CacheOps, FP8PagedCaches
 from glm5.vllm.parallel import groups
 
+LOGPROB_TEMPERATURE = "GLM5_LOGPROB_TEMPERATURE"
 #: preferred built-in backends per device type, best first (GLM5_BACKEND overrides)
 PREFERENCE = {"cuda": ("cuda",), "npu": ("ascend",), "cpu": ("cpu", "reference")}
 
@@ -55,6 +57,19 @@ def default_backend(device_type: str) -> str:
         f"no GLM-5 backend available for vLLM's {device_type!r} device (tried "
         f"{list(PREFERENCE.get(device_type, ()))}); set GLM5_BACKEND (see `glm5 doctor`)"
     )
+
+
+def logprob_temperature() -> float:
+    """GLM5_LOGPROB_TEMPERATURE (default 1): the temperature of the head's log-probs in the layout-invariant
+    mode (the RL engine sets it and samples at temperature 1)."""
+    value = os.environ.get(LOGPROB_TEMPERATURE, "1")
+    try:
+        t = float(value)
+    except ValueError:
+        t = float("nan")
+    if not t > 0 or t == float("inf"):
+        raise ValueError(f"{LOGPROB_TEMPERATURE}: expected a finite number > 0, got {value!r}")
+    return t
 
 
 class Glm5BackendsForCausalLM(nn.Module):
@@ -110,6 +125,7 @@ class Glm5BackendsForCausalLM(nn.Module):
         self.caches = FP8PagedCaches(latent, index_k, self.backend, fmt.index_head_dim)
         self.step_backend = FP8CacheOps(self.backend, fmt.index_head_dim) if fmt.fp8_latent else self.backend
         self.first_cache = latent[0].prefix
+        self.logprob_temperature = logprob_temperature() if os.environ.get(invariant.ENV) == "1" else None
         self.other_caches = [m.prefix for m in latent[1:]] + [m.prefix for m in index_k if m is not None]
 
     @property
@@ -146,12 +162,12 @@ class Glm5BackendsForCausalLM(nn.Module):
                 "vLLM gave GLM-5's cache layers different metadata in one step; the latent and indexer "
                 "caches must share one KV cache group (one block table)"
             )
-        step = self.step(md, positions)
         n = md.num_tokens
         self.counts["steps"] += 1
         self.counts["tokens"] += n
         self.counts["max_step_tokens"] = max(self.counts["max_step_tokens"], n)
         with invariant.from_env(self.backend):  # GLM5_LAYOUT_INVARIANT=1: SPEC 12's mode
+            step = self.step(md, positions)  # the RoPE angles too: the mode's sin / cos
             hidden, used = self.glm.model(input_ids[:n], step)
         if self.agreement is not None:
             self.agreement.check(used)
@@ -168,8 +184,12 @@ class Glm5BackendsForCausalLM(nn.Module):
         return Step(self.step_backend, StepSlots(md.layout, pos, md.slot_mapping), cos, sin, self.caches)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The head's logits; in the layout-invariant mode log-probs at GLM5_LOGPROB_TEMPERATURE by the
+        trainer's function (glm5.train.rollout.logprobs, SPEC 12's log-softmax): vLLM samples the same
+        distribution from them at temperature 1 and, with logprobs_mode="raw_logits", returns their bits."""
         with invariant.from_env(self.backend):
-            return self.glm.lm_head(hidden_states)
+            logits = self.glm.lm_head(hidden_states)
+            return logits if self.logprob_temperature is None else logprobs(logits, self.logprob_temperature)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """vLLM's (name, tensor) iterator, each rank copying only its slice into the existing parameters
