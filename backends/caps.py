@@ -37,7 +37,7 @@ class OpCaps:
     tie_rule: "lower_index" (SPEC 2.3 holds bitwise) or "none" (weaker contract); None if the op has no ties.
     differentiable: backward is implemented (tested through autograd).
     layout_invariant: runs the layout-invariant mode of SPEC 12 (exact products, fixed trees and formulas
-      while `backends.reference.invariant.active()`); the mode refuses a backend whose op lacks it.
+      while `backends.invariant.active()`); the mode refuses a backend whose op lacks it.
     """
 
     dtypes: tuple[str, ...]
