@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from glm5 import fsio
+from glm5.core import fsio
 
 ENTRY_POINT_GROUP = "glm5.checkpoint_formats"
 

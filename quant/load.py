@@ -23,7 +23,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def detect_format(path: str | Path) -> str | None:
     """'modelslim', 'compressed-tensors', or None for a float checkpoint."""
-    from glm5.checkpoint import read_config
+    from glm5.core.checkpoint import read_config
 
     path = Path(path)
     if (path / modelslim.DESCRIPTION).is_file():
@@ -91,9 +91,9 @@ def skeleton(
     only (no tensor is read): the quantized modules its quantization config describes swapped in.
     `model.quant_format` names the format; `quant_plan` (int8/int4) or `fp8_ue8m0` (FP8) say the rest.
     A loader then fills it (`load_quantized`, or the vLLM plugin's sharded loader)."""
-    from glm5.checkpoint import TensorFiles, read_config, without_absent_mtp
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.checkpoint import TensorFiles, read_config, without_absent_mtp
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
 
     path = Path(path)
     fmt = _format_of(path)

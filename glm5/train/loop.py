@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from glm5 import fsio
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core import fsio
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.train import dist_state
 from glm5.train.activations import checkpoint_layers
 from glm5.train.data import VOCAB_MIN, ByteCorpus

@@ -13,10 +13,10 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from glm5.checkpoint import BadCheckpointFile, CheckpointError
 from glm5.cli import main
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.checkpoint import BadCheckpointFile, CheckpointError
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from quant.formats import fp8
 from quant.load import load_quantized
 from quant.stream import convert

@@ -120,7 +120,7 @@ def test_per_group_compressed_tensors_round_trip_and_modelslim_refusal(tmp_path)
 
 
 def test_from_pretrained_loads_quantized(w4a8_model, tmp_path):
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
 
     export(w4a8_model, tmp_path / "q", "modelslim")
     back = GLM5ForCausalLM.from_pretrained(tmp_path / "q", backend="reference")

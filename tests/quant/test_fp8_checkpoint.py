@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from glm5.model import GLM5ForCausalLM
+from glm5.core.model import GLM5ForCausalLM
 from quant import quantize_model
 from quant.formats import fp8
 from quant.fp8_modules import FP8Experts, FP8Linear

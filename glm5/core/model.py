@@ -16,11 +16,11 @@ from torch import nn
 
 import backends
 from backends import Backend, SeqLayout
-from glm5.attention import MLAAttention, Step
-from glm5.cache import KVCache, StepSlots
-from glm5.config import GLM5Config
-from glm5.layers import MLP, RMSNorm, rope_angles
-from glm5.moe import MoE
+from glm5.core.attention import MLAAttention, Step
+from glm5.core.cache import KVCache, StepSlots
+from glm5.core.config import GLM5Config
+from glm5.core.layers import MLP, RMSNorm, rope_angles
+from glm5.core.moe import MoE
 
 
 @dataclass
@@ -176,7 +176,7 @@ class GLM5ForCausalLM(nn.Module):
         quantized export of one (compressed-tensors, msModelSlim, FP8: read by the checkpoint-format
         plugins of glm5/formats.py, which `quant` provides)."""
         from glm5 import formats
-        from glm5.checkpoint import NotACheckpoint, load_pretrained
+        from glm5.core.checkpoint import NotACheckpoint, load_pretrained
 
         fmt = formats.claiming(path)
         if fmt is not None:
@@ -191,7 +191,7 @@ class GLM5ForCausalLM(nn.Module):
 
     def save_pretrained(self, path: str | Path, max_shard_size: int = 5 << 30) -> None:
         """Write config.json + safetensors with the published names (sharded above max_shard_size bytes)."""
-        from glm5.checkpoint import save_pretrained
+        from glm5.core.checkpoint import save_pretrained
 
         save_pretrained(self, path, max_shard_size)
 
