@@ -23,6 +23,7 @@ from glm5.cli_args import (
     one_line_errors,
 )
 from glm5.core.model import GLM5ForCausalLM
+from glm5.loader import load_model
 
 
 @dataclass
@@ -283,7 +284,7 @@ def generate_cmd(
     check_preset_fits(preset, "'--preset'")
     with one_line_errors("'--model'" if model_path is not None else "'--preset'"):
         if model_path is not None:
-            model = GLM5ForCausalLM.from_pretrained(model_path, backend=be)
+            model = load_model(model_path, backend=be)
         else:
             model = GLM5ForCausalLM(GLM5Config.from_preset(preset), backend=be)
             model.init_weights(seed)

@@ -1,7 +1,7 @@
 """Export a quantized model and load either checkpoint format back into `GLM5ForCausalLM`.
 
-`GLM5ForCausalLM.from_pretrained(DIR)` reaches `load_quantized` through one hook in the model's loader
-(docs/quantization.md); without the hook, call `quant.load_quantized(DIR, backend=...)` directly.
+`glm5.loader.load_model(DIR)` reads either kind (it asks `detect_format` here, the one detection);
+`GLM5ForCausalLM.from_pretrained` reads float checkpoints only (docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -111,20 +111,3 @@ def skeleton(
         empty_like_plan(model, model.quant_plan, device="meta")
     model.quant_format, model.quant_path = fmt, path
     return model
-
-
-class _QuantizedFormats:
-    """The `glm5.checkpoint_formats` entry point: every format this package reads (glm5/formats.py)."""
-
-    name = "quant (compressed-tensors, msModelSlim, FP8)"
-
-    @staticmethod
-    def detect(path: Path) -> bool:
-        return is_quantized(path)
-
-    @staticmethod
-    def load(path, backend=None, dtype=None, cls=None):
-        return load_quantized(path, backend=backend, dtype=dtype, cls=cls)
-
-
-CHECKPOINT_FORMAT = _QuantizedFormats()

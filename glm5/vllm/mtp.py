@@ -28,13 +28,13 @@ from vllm.forward_context import get_forward_context
 from vllm.platforms import current_platform
 
 import backends
-from glm5 import formats
 from glm5.core.attention import Step
 from glm5.core.cache import StepSlots
 from glm5.core.checkpoint import read_config
 from glm5.core.config import GLM5Config
 from glm5.core.layers import rope_angles
 from glm5.core.model import GLM5ForCausalLM
+from glm5.loader import is_quantized
 from glm5.parallel.plan import apply
 from glm5.parallel.plan import check as check_plan
 from glm5.vllm import weights as weights_module
@@ -84,7 +84,7 @@ class Glm5BackendsMTP(nn.Module):
             check_plan(c, self.tp.size, 1 if self.ep is None else self.ep.size)
         #: vLLM's iterator, each rank its slice (quantized: the MTP layers' modules from the quantization
         #: config, quant.load.skeleton, and only their tensors loaded: glm5/vllm/quant_weights.py)
-        self.quantized = formats.claiming(self.path) is not None or formats.looks_quantized(self.path)
+        self.quantized = is_quantized(self.path)
         if self.quantized:
             from quant.load import skeleton
 
