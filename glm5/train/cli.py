@@ -405,7 +405,7 @@ def train(
         except OSError as exc:  # a full disk: the save's staging is gone, the last checkpoint intact
             raise click.ClickException(f"{fsio.describe(exc)} (nothing of this save was published)") from None
         finally:
-            rl_async.close(trainer)  # the rollout engine and its producer, if the run had them
+            rl_async.close(trainer.rl)  # the rollout engine and its producer, if the run had them
         if trainer.dist is not None:
             trainer.dist.close()
             if not trainer.dist.is_writer:
