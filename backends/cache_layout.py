@@ -4,7 +4,7 @@ The contract's paged latent cache is one tensor `[num_blocks, block_size, c + r]
 `[c_kv ; k_pe]`. A backend whose attention reads the two halves from separate contiguous pools
 (Ascend's `npu_sparse_flash_attention` in PA_BSND: latent `[blocks, 128, 1, 512]`, rope
 `[blocks, 128, 1, 64]`) declares `MLACacheLayout(split=(512, 64), block_size=128)` as its
-`Backend.mla_cache`; whoever allocates caches (glm5/cache.py, the vLLM plugin) then hands its
+`Backend.mla_cache`; whoever allocates caches (glm5/core/cache.py, the vLLM plugin) then hands its
 `sparse_mla_attention` an `MLAPools` pair, and the backend reads it with no per-call copy.
 
 The pools are one buffer reinterpreted, not two allocations: the first `num_blocks * block_size * c`

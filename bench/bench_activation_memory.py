@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from glm5.config import GLM5Config  # noqa: E402
-from glm5.model import GLM5ForCausalLM  # noqa: E402
+from glm5.core.config import GLM5Config  # noqa: E402
+from glm5.core.model import GLM5ForCausalLM  # noqa: E402
 from glm5.train.activations import MODES, checkpoint_layers  # noqa: E402
 from glm5.train.losses import lm_and_mtp  # noqa: E402
 

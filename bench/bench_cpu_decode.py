@@ -54,7 +54,7 @@ def main() -> None:
     import torch
 
     import backends
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
 
     cfg = small_config(a.context + a.steps + 1)
     runs = {}

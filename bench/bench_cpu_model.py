@@ -31,7 +31,7 @@ VARIANTS = ("cpu", "reference", "transformers")
 
 
 def small_config(max_len: int):
-    from glm5.config import GLM5Config
+    from glm5.core.config import GLM5Config
 
     return GLM5Config.from_preset(
         "tiny",
@@ -59,7 +59,7 @@ def small_config(max_len: int):
 
 
 def make_checkpoint(path: Path, max_len: int) -> None:
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
 
     GLM5ForCausalLM(small_config(max_len), backend="reference").save_pretrained(path)
 
@@ -85,7 +85,7 @@ def worker(variant: str, ckpt: Path, tokens: int, runs: int) -> dict:
         def run():
             return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1]
     else:
-        from glm5.model import GLM5ForCausalLM
+        from glm5.core.model import GLM5ForCausalLM
 
         model = GLM5ForCausalLM.from_pretrained(ckpt, backend=variant).eval()
 

@@ -152,8 +152,8 @@ def front_door(torch, backends, runs: int, name: str | None) -> list[dict]:
 
 
 def decode_step(torch, steps: int) -> dict:
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
 
     cfg = GLM5Config.from_preset("tiny")
     model = GLM5ForCausalLM(cfg, "reference").eval()

@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel.invariant import layout_invariant
 
 #: tiny widened; built by from_preset (validated, the derived fields re-derived), not set on a built config

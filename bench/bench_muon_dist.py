@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.train.muon import blocks_for, uses_adamw
 from glm5.train.muon_dist import DistributedMuon
 from glm5.train.muon_figures import muon_bytes, muon_params

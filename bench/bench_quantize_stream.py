@@ -42,14 +42,14 @@ def _rss_kib(field: str) -> int:
 def child(variant: str, src: str, out: str) -> None:
     import torch
 
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
     from quant import quantize_model, stream
     from quant.formats import fp8
     from quant.load import export
     from quant.recipe import Recipe
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-    from glm5.config import GLM5Config
+    from glm5.core.config import GLM5Config
 
     with torch.device("meta"):  # the lazy imports (torch._dynamo, the reference ops) before the base
         GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend="reference")
@@ -69,8 +69,8 @@ def build(path: Path, layers: int, hidden: int, experts: int, expert_dim: int) -
     """Write the FP8 checkpoint; returns its size in bf16 bytes."""
     import torch
 
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
     from quant.formats import fp8
 
     cfg = GLM5Config.from_preset(
@@ -99,7 +99,7 @@ def _digest(path: Path) -> str:
     import torch
     from safetensors.torch import load_file
 
-    from glm5.checkpoint import weight_files
+    from glm5.core.checkpoint import weight_files
 
     h = hashlib.sha256()
     tensors = {}

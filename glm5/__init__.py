@@ -12,11 +12,11 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "GLM5Config": "glm5.config",
-    "GLM5ForCausalLM": "glm5.model",
-    "GLM5Output": "glm5.model",
-    "KVCache": "glm5.cache",
-    "CheckpointError": "glm5.checkpoint",
+    "GLM5Config": "glm5.core.config",
+    "GLM5ForCausalLM": "glm5.core.model",
+    "GLM5Output": "glm5.core.model",
+    "KVCache": "glm5.core.cache",
+    "CheckpointError": "glm5.core.checkpoint",
     "generate": "glm5.generate",
     "generate_speculative": "glm5.generate",
 }

@@ -14,7 +14,7 @@ SUBCOMMANDS: dict[str, str] = {
     "doctor": "glm5.doctor:doctor",
     "conformance": "conformance.cli:conformance",
     "generate": "glm5.generate:generate_cmd",
-    "quantize": "quant.cli:quantize",
+    "quantize": "glm5.quant_cli:quantize",
     "export-onnx": "glm5.onnx_export.export:export_onnx",
     "train": "glm5.train.cli:train",
     "checkpoint": "glm5.train.checkpoint_cli:checkpoint",

@@ -19,7 +19,7 @@ def _checked(value: str | Path | None, quantized: bool | None) -> Path | None:
     """The checkpoint directory `value` (symlinks such as run/checkpoints/latest resolved) or BadParameter."""
     if value is None:
         return None
-    from glm5.checkpoint import check_dir
+    from glm5.core.checkpoint import check_dir
 
     try:
         path = check_dir(value)
@@ -91,8 +91,8 @@ class _HiddenArgument(click.Argument):
 
 
 def check_preset(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A click callback: `value` must name a preset in glm5/presets/ (None passes)."""
-    from glm5.config import PRESET_DIR
+    """A click callback: `value` must name a preset in glm5/core/presets/ (None passes)."""
+    from glm5.core.config import PRESET_DIR
 
     if value is not None and not (PRESET_DIR / f"{value}.yaml").is_file():
         known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
@@ -167,7 +167,7 @@ def check_preset_fits(preset: str | None, hint: str, dtype: Any = None) -> None:
         return
     import torch
 
-    from glm5.config import GLM5Config
+    from glm5.core.config import GLM5Config
     from glm5.deploy.inventory import meta_model
 
     dtype = dtype or torch.get_default_dtype()
@@ -197,11 +197,11 @@ def check_positions(config: Any, used: int, hint: str, what: str) -> None:
 def one_writer(
     out: str | Path, lock: str | Path | None = None, hint: str = "'--out'"
 ) -> contextlib.ExitStack:
-    """Take the lock of the output `out` now (default `.NAME.lock` beside it, glm5.fsio.exclusive; its
+    """Take the lock of the output `out` now (default `.NAME.lock` beside it, glm5.core.fsio.exclusive; its
     directory is made if missing), held until the returned stack closes (`with one_writer(out): ...`): a
     second writer of the same output is refused with one line naming `hint` and the holder's pid, as is
     a lock that cannot be made."""
-    from glm5 import fsio
+    from glm5.core import fsio
 
     lock = Path(lock or fsio.lock_path(out))
     stack = contextlib.ExitStack()

@@ -22,7 +22,8 @@ from glm5.cli_args import (
     model_option,
     one_line_errors,
 )
-from glm5.model import GLM5ForCausalLM
+from glm5.core.model import GLM5ForCausalLM
+from glm5.loader import load_model
 
 
 @dataclass
@@ -219,7 +220,7 @@ def _finite_temperature(ctx: click.Context, param: click.Parameter, value: float
     "--preset",
     default=None,
     callback=check_preset,
-    help="Random weights from glm5/presets/<name>.yaml instead of --model.",
+    help="Random weights from glm5/core/presets/<name>.yaml instead of --model.",
 )
 @click.option("--backend", default=None, help="Backend name (default: $GLM5_BACKEND or cpu).")
 @click.option("--prompt-ids", default=None, callback=_prompt_ids, help="Comma-separated prompt token ids.")
@@ -275,7 +276,7 @@ def generate_cmd(
     as_json,
 ) -> None:
     """Generate token ids with GLM-5 (greedy or sampled; --mtp N for MTP speculative decoding)."""
-    from glm5.config import GLM5Config
+    from glm5.core.config import GLM5Config
 
     if (model_path is None) == (preset is None):
         raise click.UsageError("give exactly one of --model or --preset")
@@ -283,7 +284,7 @@ def generate_cmd(
     check_preset_fits(preset, "'--preset'")
     with one_line_errors("'--model'" if model_path is not None else "'--preset'"):
         if model_path is not None:
-            model = GLM5ForCausalLM.from_pretrained(model_path, backend=be)
+            model = load_model(model_path, backend=be)
         else:
             model = GLM5ForCausalLM(GLM5Config.from_preset(preset), backend=be)
             model.init_weights(seed)

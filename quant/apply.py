@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from glm5.checkpoint import STACKED_EXPERTS
-from glm5.moe import Experts
+from glm5.core.checkpoint import STACKED_EXPERTS
+from glm5.core.moe import Experts
 from quant.gptq import gptq_quantize
 from quant.modules import QuantExperts, QuantLinear
 from quant.quantizers import quantize_weight

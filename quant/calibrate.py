@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from glm5.moe import Experts
+from glm5.core.moe import Experts
 from quant.apply import quantize_modules
 from quant.gptq import Hessian
 from quant.quantizers import dequantize, quantize_weight

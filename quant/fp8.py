@@ -36,7 +36,7 @@ from backends.formats import (
     quantize_weight_blocks,
 )
 from backends.hooks import NOT_OVERRIDDEN, Hook
-from glm5.moe import Experts
+from glm5.core.moe import Experts
 from quant.formats.fp8 import DEQUANT_AT_LOAD, _matches, fp8_targets
 from quant.fp8_modules import EXPERT_PROJS, FP8Experts, FP8Linear
 

@@ -99,7 +99,7 @@ class FP8Linear(Fp32Scales):
 
 class FP8Experts(Fp32Scales):
     """Routed experts with e4m3 weights: gate_proj / up_proj [E, I, D], down_proj [E, D, I], each with its
-    `<proj>_scale_inv` [E, ceil(rows/128), ceil(cols/128)]. forward as glm5.moe.Experts."""
+    `<proj>_scale_inv` [E, ceil(rows/128), ceil(cols/128)]. forward as glm5.core.moe.Experts."""
 
     def __init__(
         self,
@@ -148,7 +148,7 @@ class FP8Experts(Fp32Scales):
         return moe.combine(self.rows(x, d, be), w, d).to(x.dtype)
 
     def rows(self, x: torch.Tensor, d: moe.Dispatch, be: Backend) -> torch.Tensor:
-        """Expert outputs [T*k, D] in d's expert-sorted order (glm5.moe.Experts.rows)."""
+        """Expert outputs [T*k, D] in d's expert-sorted order (glm5.core.moe.Experts.rows)."""
         xq, xs = be.fp8_quant_group(x, BLOCK, EPS_DEEPSEEK, self.ue8m0)  # per-token groups: row order free
         xq, xs = xq[d.token], xs[d.token]
         h = nn.functional.silu(self._gemm(be, xq, xs, "gate_proj", d.offsets, x.dtype)) * self._gemm(

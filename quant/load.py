@@ -1,7 +1,7 @@
 """Export a quantized model and load either checkpoint format back into `GLM5ForCausalLM`.
 
-`GLM5ForCausalLM.from_pretrained(DIR)` reaches `load_quantized` through one hook in the model's loader
-(docs/quantization.md); without the hook, call `quant.load_quantized(DIR, backend=...)` directly.
+`glm5.loader.load_model(DIR)` reads either kind (it asks `detect_format` here, the one detection);
+`GLM5ForCausalLM.from_pretrained` reads float checkpoints only (docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def detect_format(path: str | Path) -> str | None:
     """'modelslim', 'compressed-tensors', or None for a float checkpoint."""
-    from glm5.checkpoint import read_config
+    from glm5.core.checkpoint import read_config
 
     path = Path(path)
     if (path / modelslim.DESCRIPTION).is_file():
@@ -91,9 +91,9 @@ def skeleton(
     only (no tensor is read): the quantized modules its quantization config describes swapped in.
     `model.quant_format` names the format; `quant_plan` (int8/int4) or `fp8_ue8m0` (FP8) say the rest.
     A loader then fills it (`load_quantized`, or the vLLM plugin's sharded loader)."""
-    from glm5.checkpoint import TensorFiles, read_config, without_absent_mtp
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.checkpoint import TensorFiles, read_config, without_absent_mtp
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
 
     path = Path(path)
     fmt = _format_of(path)
@@ -111,20 +111,3 @@ def skeleton(
         empty_like_plan(model, model.quant_plan, device="meta")
     model.quant_format, model.quant_path = fmt, path
     return model
-
-
-class _QuantizedFormats:
-    """The `glm5.checkpoint_formats` entry point: every format this package reads (glm5/formats.py)."""
-
-    name = "quant (compressed-tensors, msModelSlim, FP8)"
-
-    @staticmethod
-    def detect(path: Path) -> bool:
-        return is_quantized(path)
-
-    @staticmethod
-    def load(path, backend=None, dtype=None, cls=None):
-        return load_quantized(path, backend=backend, dtype=dtype, cls=cls)
-
-
-CHECKPOINT_FORMAT = _QuantizedFormats()

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from glm5.checkpoint import STACKED_EXPERTS
-from glm5.config import GLM5Config
+from glm5.core.checkpoint import STACKED_EXPERTS
+from glm5.core.config import GLM5Config
 from quant.apply import plan_model
 from quant.recipe import W4A8, Recipe, Scheme
 
@@ -73,7 +73,7 @@ def kv_bytes_per_token(config: GLM5Config, kind: str, with_mtp: bool) -> int:
 
 
 def preset_model(preset: str) -> torch.nn.Module:
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
 
     with torch.device("meta"):
         return GLM5ForCausalLM(GLM5Config.from_preset(preset), backend="reference", dtype=torch.bfloat16)

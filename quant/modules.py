@@ -158,7 +158,7 @@ class QuantLinear(Fp32Scales):
 class QuantExperts(Fp32Scales):
     """Routed experts with quantized weights: gate and up fused into w13 [E, 2I, D(/2)], w2 [E, D, I(/2)].
 
-    forward(x [T, D], ids int32 [T, k], w fp32 [T, k], be) as glm5.moe.Experts: per token quantize, one
+    forward(x [T, D], ids int32 [T, k], w fp32 [T, k], be) as glm5.core.moe.Experts: per token quantize, one
     grouped_matmul for gate|up, SwiGLU, re-quantize, grouped_matmul for down, weight and scatter-add.
     Semantics: backends/reference/grouped_matmul.py (SPEC 2.8)
     """
@@ -246,7 +246,7 @@ class QuantExperts(Fp32Scales):
         return moe.combine(self.rows(x, d, be), w, d).to(x.dtype)
 
     def rows(self, x: torch.Tensor, d: moe.Dispatch, be: Backend) -> torch.Tensor:
-        """Expert outputs [T*k, D] in d's expert-sorted order (glm5.moe.Experts.rows)."""
+        """Expert outputs [T*k, D] in d's expert-sorted order (glm5.core.moe.Experts.rows)."""
         if getattr(self, "_prepared", (None,))[0] != be.key:
             self.use_backend(be)  # a backend these experts have not been prepared for: once, not per call
         _, p13, p2 = self._prepared

@@ -16,8 +16,8 @@ from pathlib import Path
 import click
 import torch
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from quant.data import token_batch
 
 

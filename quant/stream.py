@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from glm5.checkpoint import (
+from glm5.core.checkpoint import (
     _DTYPES,
     FLOAT_DTYPES,
     CheckpointError,
@@ -34,7 +34,7 @@ from glm5.checkpoint import (
     read_config,
     without_absent_mtp,
 )
-from glm5.progress import Phases
+from glm5.core.progress import Phases
 from quant.apply import plan_model, quantize_modules
 from quant.calibrate import begin, calibrate_layer
 from quant.formats import compressed_tensors, fp8, modelslim
@@ -92,7 +92,7 @@ def _materialize(
 
 
 def _meta_layer(model: nn.Module, i: int, dtype: torch.dtype) -> nn.Module:
-    from glm5.model import DecoderLayer, MTPLayer
+    from glm5.core.model import DecoderLayer, MTPLayer
 
     cfg = model.config
     with torch.device("meta"):
@@ -112,9 +112,9 @@ def convert(
 ) -> dict[str, Scheme]:
     """Write `src` as `fmt` ('compressed-tensors' | 'modelslim': quantized by `recipe`, calibrated on
     calib_ids [B, S] or data-free; 'fp8': block FP8) to `out`, atomically, one layer in memory at a time.
-    `progress` (glm5.progress.Phases) shows each phase and layer. Returns the plan (empty for fp8)."""
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    `progress` (glm5.core.progress.Phases) shows each phase and layer. Returns the plan (empty for fp8)."""
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
 
     if fmt not in WRITERS:
         raise ValueError(f"fmt: expected one of {sorted(WRITERS)}, got {fmt!r}")

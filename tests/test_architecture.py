@@ -3,8 +3,9 @@ inside functions too, except under `if TYPE_CHECKING`) and on file sizes.
 
 - kernels_cuda/ and kernels_ascend/ import neither model, quantization, conformance nor backend code;
 - glm5/ and quant/ use only the public backend interface (PUBLIC_BACKENDS), never a backend package;
-- the model core (MODEL_CORE) never imports quant: quantization is applied from outside the model, and
-  quantized checkpoint formats reach `from_pretrained` through the `glm5.checkpoint_formats` entry points;
+- packages point one way (README "Layers"): backends <- the model core (glm5/core) <- glm5/parallel and
+  quant <- the applications (the rest of glm5: train, vllm, deploy, port, onnx_export, the CLI, generate,
+  doctor, the loader); no module imports from a layer above its own (LAYERS);
 - no import cycle among the modules of one package, nor among those of glm5 and quant together;
 - no module over MAX_LINES lines (STYLE rule 8).
 """
@@ -57,16 +58,13 @@ EXCEPTIONS = [
         "ops a model needs with a reference subclass",
     ),
 ]
-MODEL_CORE = {
-    "glm5.attention",
-    "glm5.cache",
-    "glm5.checkpoint",
-    "glm5.config",
-    "glm5.fsio",
-    "glm5.layers",
-    "glm5.model",
-    "glm5.moe",
-}
+#: (layer, module prefixes) from the bottom up; a glm5 module under none of them is an application
+LAYERS = [
+    ("backends", ("backends",)),
+    ("core", ("glm5.core",)),
+    ("parallel/quant", ("glm5.parallel", "quant")),
+    ("applications", ("glm5",)),
+]
 
 
 def _modules() -> dict[str, Path]:
@@ -156,9 +154,53 @@ def test_model_and_quantization_use_only_the_public_backend_interface():
     assert not bad, "\n".join(bad)
 
 
-def test_the_model_core_never_imports_quant():
-    bad = [f"{s} imports {d} (line {ln})" for s, d, ln in EDGES if s in MODEL_CORE and _top(d) == "quant"]
+def layer_of(mod: str) -> int | None:
+    """The index in LAYERS of `mod`'s layer (the first whose prefix it has), None outside every layer."""
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if any(mod == p or mod.startswith(p + ".") for p in prefixes):
+            return i
+    return None
+
+
+def layer_violations(edges: list[tuple[str, str, int]]) -> list[str]:
+    """Every import edge that points up: a module importing one of a higher layer."""
+    bad = []
+    for s, d, ln in edges:
+        ls, ld = layer_of(s), layer_of(d)
+        if ls is not None and ld is not None and ld > ls and not _excepted(s, d):
+            bad.append(f"{s} ({LAYERS[ls][0]}) imports {d} ({LAYERS[ld][0]}) (line {ln})")
+    return bad
+
+
+def test_packages_point_one_way():
+    bad = layer_violations(EDGES)
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "src,dst",
+    [
+        ("glm5.core.model", "quant.load"),
+        ("glm5.core.model", "glm5.parallel.plan"),
+        ("glm5.core.checkpoint", "glm5.loader"),
+        ("glm5.parallel.plan", "glm5.train.loop"),
+        ("quant.load", "glm5.vllm.model"),
+        ("quant.stream", "glm5.cli_args"),
+        ("backends.registry", "glm5.core.config"),
+        ("backends.ops", "quant.modules"),
+    ],
+)
+def test_the_layer_rule_finds_a_planted_violation(src, dst):
+    assert layer_violations([(src, dst, 1)]), f"{src} -> {dst} should point up"
+
+
+def test_the_layer_rule_allows_imports_downwards():
+    ok = [
+        ("glm5.loader", "quant.load", 1),
+        ("quant.load", "glm5.core.model", 1),
+        ("glm5.core.moe", "backends", 1),
+    ]
+    assert layer_violations(ok) == []
 
 
 def _cycles(nodes: set[str]) -> list[list[str]]:
@@ -204,12 +246,12 @@ def test_no_import_cycles(group):
 
 
 def test_the_cycle_finder_finds_cycles():
-    GRAPH["glm5.model"].add("glm5.config")
-    GRAPH["glm5.config"].add("glm5.model")
+    GRAPH["glm5.core.model"].add("glm5.core.config")
+    GRAPH["glm5.core.config"].add("glm5.core.model")
     try:
-        assert ["glm5.config", "glm5.model"] in _cycles({"glm5.model", "glm5.config"})
+        assert ["glm5.core.config", "glm5.core.model"] in _cycles({"glm5.core.model", "glm5.core.config"})
     finally:
-        GRAPH["glm5.config"].discard("glm5.model")
+        GRAPH["glm5.core.config"].discard("glm5.core.model")
 
 
 def test_modules_stay_small():

@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 
 import backends
 from glm5.cli import main
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 
 HAS_ONNX = importlib.util.find_spec("onnx") is not None and importlib.util.find_spec("onnxscript") is not None
 

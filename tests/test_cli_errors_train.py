@@ -15,8 +15,8 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from glm5 import fsio
 from glm5.cli import main
+from glm5.core import fsio
 from glm5.train.loop import TrainConfig, Trainer
 from glm5.train.state import checkpoints, latest_checkpoint, save_checkpoint
 

@@ -70,7 +70,7 @@ def _load_machine(name: str) -> Any:
 
 def _load_config(name: str) -> Any:
     """A preset, or a Hugging Face config.json: one JSON object."""
-    from glm5.config import GLM5Config
+    from glm5.core.config import GLM5Config
 
     try:
         return GLM5Config.from_json(name) if name.endswith(".json") else GLM5Config.from_preset(name)
@@ -126,7 +126,7 @@ _COUNT = click.IntRange(min=1)
     "config_name",
     default="glm5-744b",
     show_default=True,
-    help="model preset (glm5/presets) or a Hugging Face config.json path",
+    help="model preset (glm5/core/presets) or a Hugging Face config.json path",
 )
 @click.option(
     "--machine", required=True, help=f"machine profile ({', '.join(machines_available())}) or a YAML path"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from glm5.checkpoint import STACKED_EXPERTS
+from glm5.core.checkpoint import STACKED_EXPERTS
 from quant.recipe import W4A8, W8A8, Scheme
 
 FORMATS = ("hf", "modelslim", "compressed-tensors", "fp8")
@@ -229,7 +229,7 @@ def totals(weights: list[Weight], key: str = "role") -> dict[str, int]:
 
 def meta_model(config, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
     """The model on the meta device (shapes and dtypes only, no memory)."""
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
 
     with torch.device("meta"):
         return GLM5ForCausalLM(config, backend="reference", dtype=dtype)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from glm5.config import GLM5Config
+from glm5.core.config import GLM5Config
 
 _SCALE_TILE = 128  # fp8 tiles of 128 values, one fp32 scale each
 

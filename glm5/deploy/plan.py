@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from glm5.config import GLM5Config
+from glm5.core.config import GLM5Config
 from glm5.deploy import memory
 from glm5.deploy.inventory import ShardError, Weight, inventory, meta_model
 from glm5.deploy.machines import Machine

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 import click
 import torch
 
-from glm5 import fsio
 from glm5.cli_args import (
     check_positions,
     check_preset,
@@ -30,7 +29,8 @@ from glm5.cli_args import (
     one_line_errors,
     one_writer,
 )
-from glm5.progress import Phases
+from glm5.core import fsio
+from glm5.core.progress import Phases
 
 if TYPE_CHECKING:  # onnx is imported when the command runs, so that its --help works without the extra
     import onnx
@@ -89,7 +89,7 @@ def _exporter_warnings(quiet: bool) -> Iterator[None]:
 
 def _refuse_fp8(path: Path) -> None:
     from backends.onnxruntime.functions import OPSET
-    from glm5.checkpoint import read_config
+    from glm5.core.checkpoint import read_config
 
     qc = read_config(path).get("quantization_config") or {}
     if qc.get("quant_method") == "fp8":
@@ -101,8 +101,8 @@ def _refuse_fp8(path: Path) -> None:
 
 
 def _load(preset: str | None, checkpoint: str | None, dtype: torch.dtype):
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
 
     if checkpoint:
         return GLM5ForCausalLM.from_pretrained(checkpoint, backend="reference", dtype=dtype)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from backends import Backend
-from glm5.model import LMHead
+from glm5.core.model import LMHead
 from glm5.parallel.group import Group, enter
 
 

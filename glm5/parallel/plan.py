@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from backends import Backend, moe
-from glm5.moe import Experts
+from glm5.core.moe import Experts
 from glm5.parallel import invariant
 from glm5.parallel.group import Group, enter, gather, reduce
 

@@ -22,8 +22,8 @@ PROMPT_LEN, NEW_TOKENS, SEED = 24, 8, 9
 
 
 def _models(name: str):
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
 
     cfg = GLM5Config.from_preset("tiny")
     ref = GLM5ForCausalLM(cfg, backend="reference")

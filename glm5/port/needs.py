@@ -75,8 +75,8 @@ class Recorder(ReferenceBackend):
 
 
 def load_config(config: str):
-    """A preset name (glm5/presets) or a config.json path."""
-    from glm5.config import GLM5Config
+    """A preset name (glm5/core/presets) or a config.json path."""
+    from glm5.core.config import GLM5Config
 
     try:
         if config.endswith(".json") or Path(config).is_file():
@@ -88,7 +88,7 @@ def load_config(config: str):
 
 def miniature(cfg):
     """`cfg`'s structure at the tiny preset's sizes."""
-    from glm5.config import GLM5Config
+    from glm5.core.config import GLM5Config
 
     small = GLM5Config.from_preset(_SMALL)
     kinds = cfg.indexer_types
@@ -127,8 +127,8 @@ def derive(
     config: str = "tiny", recipes: tuple[str, ...] = (), dtype: str | None = None, train: bool = False
 ):
     """(list of Needed in op-table order, what was run)."""
+    from glm5.core.model import GLM5ForCausalLM
     from glm5.generate import generate, generate_speculative
-    from glm5.model import GLM5ForCausalLM
 
     cfg = load_config(config)
     dtype = dtype or ("float32" if config == "tiny" else "bfloat16")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from glm5 import fsio
 from glm5.cli_args import one_line_errors, one_writer
+from glm5.core import fsio
 
 
 def _source(value: str, sharded: bool) -> Path:

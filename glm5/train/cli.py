@@ -11,7 +11,6 @@ import sys
 
 import click
 
-from glm5 import fsio
 from glm5.cli_args import (
     MODEL_DEFAULT_BACKEND,
     backend_choice,
@@ -21,6 +20,7 @@ from glm5.cli_args import (
     one_line_errors,
     one_writer,
 )
+from glm5.core import fsio
 from glm5.threads import command_threads
 from glm5.train.cli_checks import (
     check_resumable_sharded,
@@ -55,7 +55,7 @@ _POS_FLOAT = _FiniteFloat(min=0, min_open=True)
     default="tiny",
     show_default=True,
     callback=check_preset,
-    help="Preset from glm5/presets/.",
+    help="Preset from glm5/core/presets/.",
 )
 @click.option("--steps", default=200, show_default=True, type=_POS)
 @click.option(
@@ -405,7 +405,7 @@ def train(
         except OSError as exc:  # a full disk: the save's staging is gone, the last checkpoint intact
             raise click.ClickException(f"{fsio.describe(exc)} (nothing of this save was published)") from None
         finally:
-            rl_async.close(trainer)  # the rollout engine and its producer, if the run had them
+            rl_async.close(trainer.rl)  # the rollout engine and its producer, if the run had them
         if trainer.dist is not None:
             trainer.dist.close()
             if not trainer.dist.is_writer:

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import click
 
-from glm5 import fsio
 from glm5.cli_args import (
     check_positions,
     one_line_errors,
 )
+from glm5.core import fsio
 
 
 def check_sequence_fits(model_path: Path | None, preset: str, tokens: int, hint: str) -> None:
     """Refuse sequences past the model's max_position_embeddings before anything is built (an unbounded
     --seq-len ran out of memory or failed deep inside the data loader)."""
-    from glm5.checkpoint import read_config
-    from glm5.config import GLM5Config
+    from glm5.core.checkpoint import read_config
+    from glm5.core.config import GLM5Config
 
     with one_line_errors("'--model'" if model_path is not None else "'--config'"):
         config = (
@@ -111,8 +111,8 @@ def pipeline_options(
         )
     microbatches = pp if microbatches is None else microbatches
     if source is not None:
-        from glm5.checkpoint import read_config
-        from glm5.config import GLM5Config
+        from glm5.core.checkpoint import read_config
+        from glm5.core.config import GLM5Config
         from glm5.train.pipeline_run import check_pipeline_options
 
         model_path, preset = source

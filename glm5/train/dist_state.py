@@ -33,9 +33,9 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from glm5 import fsio
-from glm5.checkpoint import open_tensors, read_config, read_json
-from glm5.config import GLM5Config
+from glm5.core import fsio
+from glm5.core.checkpoint import open_tensors, read_config, read_json
+from glm5.core.config import GLM5Config
 from glm5.train.pipeline_run import merged_optimizer_meta
 from glm5.train.pipeline_stages import pipeline_part
 from glm5.train.state import LATEST, STAGING, TRAINER, checkpoints, rng_state, set_rng_state
@@ -250,7 +250,7 @@ def _local_slice(t: torch.Tensor, fqn: str, plan: dict, params: dict) -> torch.T
 
 def empty_model(path: Path, backend: str | None = None) -> torch.nn.Module:
     """A GLM5ForCausalLM of the sharded checkpoint `path`'s config, its weights not loaded yet."""
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
 
     return GLM5ForCausalLM(GLM5Config.from_dict(read_config(Path(path))), backend=backend)
 
@@ -277,7 +277,7 @@ def export_hf(src: Path, out: Path) -> None:
 def import_hf(src: Path, out: Path) -> None:
     """A Hugging Face directory `src` as a sharded checkpoint `out` (config.json + model/): what a
     distributed run starts from with --model."""
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
 
     model = GLM5ForCausalLM.from_pretrained(src)
     staging = fsio.staging_dir(out.parent, f".{out.name}{STAGING}")

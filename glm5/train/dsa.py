@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from glm5.attention import MLAAttention, Step
-from glm5.moe import Router
+from glm5.core.attention import MLAAttention, Step
+from glm5.core.moe import Router
 from glm5.parallel.group import Group, Single
 from glm5.train.activations import recomputing
 

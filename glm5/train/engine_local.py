@@ -3,8 +3,8 @@
 An engine is token in, token out: `generate` takes prompt token ids and returns the sampled token ids,
 their log-probs under the engine's weights at the sampling temperature, and the policy version of those
 weights; `push` replaces the weights in place under their checkpoint names (experts unstacked, as
-glm5/checkpoint.py stores them) and sets the version; `close` ends it. `PolicyEngine` is the project's own
-decode path (glm5/train/rollout.py: prefill, then one cached token per step) on a private whole copy of
+glm5/core/checkpoint.py stores them) and sets the version; `close` ends it. `PolicyEngine` is the project's
+own decode path (glm5/train/rollout.py: prefill, then one cached token per step) on a private whole copy of
 the policy; `glm5.train.engine_vllm.VllmEngine` is vLLM with the project's plugin.
 """
 
@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from glm5.checkpoint import STACKED_EXPERTS
+from glm5.core.checkpoint import STACKED_EXPERTS
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
@@ -87,7 +87,7 @@ class PolicyEngine:
         invariant: bool = False,
         record_topk: bool = False,
     ) -> None:
-        from glm5.model import GLM5ForCausalLM
+        from glm5.core.model import GLM5ForCausalLM
         from glm5.vllm.weights import CheckpointNames  # torch only: importing it does not import vLLM
 
         self.model = GLM5ForCausalLM(config, backend=backend).requires_grad_(False).eval()

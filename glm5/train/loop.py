@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from glm5 import fsio
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core import fsio
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.train import dist_state
 from glm5.train.activations import checkpoint_layers
 from glm5.train.data import VOCAB_MIN, ByteCorpus
@@ -30,7 +30,7 @@ from glm5.train.mesh import Mesh
 from glm5.train.muon import build_optimizers
 from glm5.train.options import TrainConfig, set_determinism
 from glm5.train.pipeline_run import PipelineDist, pipeline_evaluate, pipeline_step
-from glm5.train.rl import rl_step
+from glm5.train.rl import RLContext, rl_step
 from glm5.train.rl_async import async_rl_step
 from glm5.train.state import checkpoints, latest_checkpoint, load_into, load_trainer_state, save_checkpoint
 
@@ -140,12 +140,23 @@ class Trainer:
         gamma = 0.0 if cfg.stage == "warmup" else cfg.balance_gamma
         self.balancer = (self.dist.balancer if self.dist else ExpertBalancer)(self.model, gamma)
         self.device = self.model.backend.device
+        self.rl = RLContext(  # the RL stage's pieces (glm5/train/rl.py): it does not reach into the trainer
+            self.cfg,
+            self.model,
+            self.optimizers,
+            self.clip_gradients,
+            self.corpus,
+            self.device,
+            self.dist,
+            self.probe,
+            self.balancer,
+        )
 
     # -- one step ---------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict:
         cfg = self.cfg
         if cfg.stage == "rl":
-            rec = (rl_step if cfg.rollout_engine == "sync" else async_rl_step)(self, step)
+            rec = (rl_step if cfg.rollout_engine == "sync" else async_rl_step)(self.rl, step)
             return rec if self.dist is None else self.dist.global_rl_record(rec)
         if self.dist is not None and self.dist.mesh.pp > 1:
             return pipeline_step(self, step)

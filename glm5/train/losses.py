@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from glm5.model import GLM5ForCausalLM
+from glm5.core.model import GLM5ForCausalLM
 
 IGNORE = -100
 

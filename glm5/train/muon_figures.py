@@ -11,7 +11,7 @@ from glm5.train.muon_layout import CATEGORIES, SCHEMES, Layout, category, chunk_
 
 def muon_params(config, mode: str = "muon-split") -> list[tuple[str, tuple[int, ...], Blocks]]:
     """(name, full shape, Blocks) of every Muon parameter of a GLM-5 model with this config (meta device)."""
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
 
     with torch.device("meta"):
         model = GLM5ForCausalLM(config)

@@ -41,7 +41,7 @@ from torch.distributed.pipelining.schedules import (
     ScheduleLoopedBFS,
 )
 
-from glm5.model import GLM5ForCausalLM
+from glm5.core.model import GLM5ForCausalLM
 from glm5.train.dsa import AttentionProbe, ExpertBalancer
 from glm5.train.losses import shifted
 from glm5.train.pipeline_stages import SCHEDULES, StageSpec, pipeline_part, rank_stages

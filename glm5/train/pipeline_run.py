@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from glm5.config import GLM5Config
+from glm5.core.config import GLM5Config
 from glm5.train.distributed import Dist, local
 from glm5.train.dsa import ExpertBalancer
 from glm5.train.mesh import Mesh

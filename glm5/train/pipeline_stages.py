@@ -15,8 +15,8 @@ from torch.distributed.pipelining.schedules import (
     ScheduleInterleaved1F1B,
 )
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 
 #: schedule name (as `--pp-schedule` takes it) -> torch.distributed.pipelining class
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}

@@ -61,7 +61,7 @@ def plot_metrics(metrics: str | Path, png: str | Path, init_eval: float | None =
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     png = Path(png)
-    from glm5 import fsio
+    from glm5.core import fsio
 
     # replaced in one step: a reader (an image viewer refreshing) never sees half a file
     fsio.write_file_atomically(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))

@@ -25,8 +25,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,12 +34,32 @@ from glm5.train.icepop import IcePopStats, group_advantages, icepop_loss, pop
 from glm5.train.rollout import rollout_policy, sample, sequence_logprobs
 
 if TYPE_CHECKING:
-    from glm5.train.loop import TrainConfig, Trainer
+    from glm5.train.loop import TrainConfig
 
 #: who samples: this process's policy in the step ("sync"), or an engine of the asynchronous loop
 #: (glm5/train/rl_async.py): the project's decode path ("policy") or vLLM with the plugin ("vllm")
 ROLLOUT_ENGINES = ("sync", "policy", "vllm")
 _SAMPLE_SEED = 0x5EED << 32  # keeps the sampling generator's seeds apart from the data batches'
+
+
+@dataclass(frozen=True)
+class RLContext:
+    """What the RL stage is given by the trainer (built once in `Trainer.__init__`), instead of reaching
+    into it: the run's config (its lr schedule `cfg.lr_at`), the policy, its optimizers and gradient
+    clipping, the prompt source, the device, the data-parallel group (None on one process) and the
+    attention probe / expert balancer it switches off while sampling. `session` holds the asynchronous
+    loop's engine and producer between steps (glm5/train/rl_async.py)."""
+
+    cfg: TrainConfig
+    model: Any
+    optimizers: list
+    clip_gradients: Callable[[], torch.Tensor]
+    corpus: Any
+    device: Any
+    dist: Any
+    probe: Any
+    balancer: Any
+    session: dict = field(default_factory=dict)
 
 
 def prompt_bytes_reward(prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
@@ -71,30 +91,30 @@ def sample_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
 
 
 @torch.no_grad()
-def collect(trainer: Trainer, step: int) -> Rollouts:
+def collect(ctx: RLContext, step: int) -> Rollouts:
     """Prompts, rollouts, logp_old, rewards and advantages of RL step `step`."""
-    cfg, model = trainer.cfg, trainer.model
-    prompts = trainer.corpus.batch(cfg.batch_size, cfg.prompt_len, cfg.seed, step).to(trainer.device)
-    d = trainer.dist
+    cfg, model = ctx.cfg, ctx.model
+    prompts = ctx.corpus.batch(cfg.batch_size, cfg.prompt_len, cfg.seed, step).to(ctx.device)
+    d = ctx.dist
     if d is not None:  # each data-parallel rank samples its own prompts' groups
         prompts = d.local_batch(prompts)
     prompts = prompts.repeat_interleave(cfg.group_size, 0)
-    trainer.probe.active = trainer.balancer.active = False
+    ctx.probe.active = ctx.balancer.active = False
     model.eval()
     policy = rollout_policy(model, cfg.rollout_precision)
     g = sample_generator(cfg.seed, step, 0 if d is None else d.dp_rank)
     responses, logp_roll = sample(policy, prompts, cfg.response_len, temperature=cfg.temperature, generator=g)
-    return scored(trainer, prompts, responses, logp_roll)
+    return scored(ctx, prompts, responses, logp_roll)
 
 
 @torch.no_grad()
 def scored(
-    trainer: Trainer, prompts: torch.Tensor, responses: torch.Tensor, logp_roll: torch.Tensor
+    ctx: RLContext, prompts: torch.Tensor, responses: torch.Tensor, logp_roll: torch.Tensor
 ) -> Rollouts:
     """Sampled responses (by this process or by a rollout engine) -> Rollouts: logp_old from the training
     forward under the current weights, rewards and group advantages."""
-    cfg, model, d = trainer.cfg, trainer.model, trainer.dist
-    trainer.probe.active = trainer.balancer.active = False
+    cfg, model, d = ctx.cfg, ctx.model, ctx.dist
+    ctx.probe.active = ctx.balancer.active = False
     model.train()
     logp_old = torch.empty_like(logp_roll)
     for rows in minibatch_rows(prompts.shape[0], cfg.minibatches):
@@ -107,30 +127,30 @@ def scored(
 
 
 def minibatch_loss(
-    trainer: Trainer, ro: Rollouts, rows: slice, forward: Callable = contextlib.nullcontext
+    ctx: RLContext, ro: Rollouts, rows: slice, forward: Callable = contextlib.nullcontext
 ) -> tuple[torch.Tensor, IcePopStats, torch.Tensor]:
     """IcePop loss of minibatch `rows` under the current weights: (loss, stats, PPO ratio [rows, N]);
     `forward()`: the context of the forward (the layout-invariant mode, or nothing)."""
-    cfg = trainer.cfg
+    cfg = ctx.cfg
     with forward():
-        logp = sequence_logprobs(trainer.model, ro.prompts[rows], ro.responses[rows], cfg.temperature)
+        logp = sequence_logprobs(ctx.model, ro.prompts[rows], ro.responses[rows], cfg.temperature)
     loss, stats = icepop_loss(logp, ro.logp_old[rows], ro.logp_rollout[rows], ro.advantages[rows])
     return loss, stats, torch.exp(logp.detach() - ro.logp_old[rows])
 
 
-def rl_step(trainer: Trainer, step: int) -> dict:
+def rl_step(ctx: RLContext, step: int) -> dict:
     """One RL step (module docstring) -> its metrics record."""
-    cfg = trainer.cfg
+    cfg = ctx.cfg
     t0 = time.perf_counter()
     lr = cfg.lr_at(step)
-    for o in trainer.optimizers:
+    for o in ctx.optimizers:
         for g in o.param_groups:
             g["lr"] = lr
-    return update(trainer, collect(trainer, step), step, lr, t0)
+    return update(ctx, collect(ctx, step), step, lr, t0)
 
 
 def update(
-    trainer: Trainer,
+    ctx: RLContext,
     ro: Rollouts,
     step: int,
     lr: float,
@@ -139,20 +159,20 @@ def update(
 ) -> dict:
     """The IcePop updates of step `step` on `ro` -> the step's metrics record (`forward` as in
     `minibatch_loss`)."""
-    cfg = trainer.cfg
-    trainer.probe.reset()
-    trainer.probe.active = trainer.balancer.active = True
+    cfg = ctx.cfg
+    ctx.probe.reset()
+    ctx.probe.active = ctx.balancer.active = True
     losses, clipped, gnorms, violations = [], [], [], []
     r_min, r_max = float("inf"), float("-inf")
     for _ in range(cfg.ppo_epochs):
         for rows in minibatch_rows(ro.responses.shape[0], cfg.minibatches):
-            loss, st, ratio = minibatch_loss(trainer, ro, rows, forward)
+            loss, st, ratio = minibatch_loss(ctx, ro, rows, forward)
             loss.backward()
-            gnorms.append(float(trainer.clip_gradients()))
-            for o in trainer.optimizers:
+            gnorms.append(float(ctx.clip_gradients()))
+            for o in ctx.optimizers:
                 o.step()
                 o.zero_grad(set_to_none=True)
-            violations.append(trainer.balancer.update())
+            violations.append(ctx.balancer.update())
             losses.append(st.loss)
             clipped.append(st.clipped)
             r_min, r_max = min(r_min, float(ratio.min())), max(r_max, float(ratio.max()))
@@ -172,7 +192,7 @@ def update(
         "ppo_ratio_max": r_max,
         "lr": lr,
         "grad_norm": sum(gnorms) / len(gnorms),
-        "max_attn_logit": max(trainer.probe.max_logits) if trainer.probe.max_logits else None,
+        "max_attn_logit": max(ctx.probe.max_logits) if ctx.probe.max_logits else None,
         "moe_max_violation": sum(violations) / len(violations),
         "response_tokens": n_tok,
         "tokens": (step + 1) * n_tok,

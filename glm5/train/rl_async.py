@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -45,7 +45,7 @@ from glm5.train.rollout import batch_invariant
 from glm5.train.topk_replay import RolloutTopk
 
 if TYPE_CHECKING:
-    from glm5.train.loop import Trainer
+    from glm5.train.rl import RLContext
 
 ENGINES = ROLLOUT_ENGINES
 _SEED = 0xA5C << 20  # the engine's per-step sampling seeds, apart from the synchronous stage's
@@ -193,17 +193,17 @@ def make_engine(cfg, model, named: NamedTensors, version: int) -> RolloutEngine:
 class AsyncRollouts:
     """The trainer's side of the loop: the engine and producer (rank 0), the batches and the pushes."""
 
-    def __init__(self, trainer: Trainer, start: int) -> None:
-        self.trainer, cfg, d = trainer, trainer.cfg, trainer.dist
+    def __init__(self, ctx: RLContext, start: int) -> None:
+        self.ctx, cfg, d = ctx, ctx.cfg, ctx.dist
         self.rank0 = d is None or d.rank == 0
         self.train_busy = Intervals()
         self.trained_tokens = 0
         self.t_start = time.perf_counter()
-        named = policy_tensors(trainer)  # every rank takes part in the gather
+        named = policy_tensors(ctx)  # every rank takes part in the gather
         self.producer: Producer | None = None
         if self.rank0:
             try:
-                engine = make_engine(cfg, trainer.model, named, start)
+                engine = make_engine(cfg, ctx.model, named, start)
             except Exception as exc:  # e.g. vLLM refusing its configuration
                 first = (str(exc).splitlines() or [""])[0]
                 raise EngineFailed(f"rollout engine: could not start {cfg.rollout_engine}: {first}") from exc
@@ -213,8 +213,8 @@ class AsyncRollouts:
     def prompts(self, step: int) -> torch.Tensor:
         """The global batch's prompts of `step`, each repeated group_size times (a function of the seed
         and the step)."""
-        cfg = self.trainer.cfg
-        return self.trainer.corpus.batch(cfg.batch_size, cfg.prompt_len, cfg.seed, step).repeat_interleave(
+        cfg = self.ctx.cfg
+        return self.ctx.corpus.batch(cfg.batch_size, cfg.prompt_len, cfg.seed, step).repeat_interleave(
             cfg.group_size, 0
         )
 
@@ -224,7 +224,7 @@ class AsyncRollouts:
         gen = self._take(step) if self.rank0 else None
         waited = time.perf_counter() - t0
         prompts = self.prompts(step)
-        d = self.trainer.dist
+        d = self.ctx.dist
         if d is not None:
             gen = self._broadcast(gen, prompts.shape[0])
             topk = None if gen.topk is None else d.local_batch(gen.topk)
@@ -254,7 +254,7 @@ class AsyncRollouts:
     def _broadcast(self, gen: Generation | None, rows: int) -> Generation:
         import torch.distributed as dist
 
-        cfg, mc = self.trainer.cfg, self.trainer.model.config
+        cfg, mc = self.ctx.cfg, self.ctx.model.config
         if gen is None:
             topk = None
             if records_topk(cfg):
@@ -274,10 +274,10 @@ class AsyncRollouts:
 
     def after_step(self, done: int) -> None:
         """Push the weights every push_every steps (a collective on several processes)."""
-        cfg = self.trainer.cfg
+        cfg = self.ctx.cfg
         if done % cfg.push_every or done >= cfg.steps:
             return
-        named = policy_tensors(self.trainer)
+        named = policy_tensors(self.ctx)
         if self.producer is not None:
             self.producer.offer(named, done)
 
@@ -301,31 +301,31 @@ class AsyncRollouts:
             p.join(timeout=60)
 
 
-def async_rl_step(trainer: Trainer, step: int) -> dict:
+def async_rl_step(ctx: RLContext, step: int) -> dict:
     """One step of the asynchronous loop (module docstring) -> its metrics record."""
-    cfg = trainer.cfg
-    ar = getattr(trainer, "async_rollouts", None)
+    cfg = ctx.cfg
+    ar = ctx.session.get("async_rollouts")
     if ar is None:
-        ar = trainer.async_rollouts = AsyncRollouts(trainer, step)
+        ar = ctx.session["async_rollouts"] = AsyncRollouts(ctx, step)
     prompts, gen, waited = ar.next(step)
     t0 = time.perf_counter()
     staleness = step - gen.version
     if staleness > cfg.max_staleness or staleness < 0:
         raise RuntimeError(f"rollout engine: a batch {staleness} versions old at step {step + 1}")
     lr = cfg.lr_at(step)
-    for o in trainer.optimizers:
+    for o in ctx.optimizers:
         for g in o.param_groups:
             g["lr"] = lr
-    dev = trainer.device
+    dev = ctx.device
     tk = None if gen.topk is None else RolloutTopk(prompts, gen.responses, gen.topk, cfg.topk_replay)
-    forward = partial(_forward, trainer.model, cfg.layout_invariant, tk)
+    forward = partial(_forward, ctx.model, cfg.layout_invariant, tk)
     if tk is not None:
         tk.measuring = True  # the figure: the forward of logp_old, under the step's weights
     with forward():
-        ro = scored(trainer, prompts.to(dev), gen.responses.to(dev), gen.logprobs.to(dev))
+        ro = scored(ctx, prompts.to(dev), gen.responses.to(dev), gen.logprobs.to(dev))
     if tk is not None:
         tk.measuring = False
-    rec = update(trainer, ro, step, lr, t0, forward)
+    rec = update(ctx, ro, step, lr, t0, forward)
     ar.after_step(step + 1)
     ar.train_busy.add(t0, time.perf_counter())
     ar.trained_tokens += ro.responses.numel()
@@ -339,7 +339,7 @@ def async_rl_step(trainer: Trainer, step: int) -> dict:
         **ar.figures(),
     )
     if tk is not None:
-        rec.update(tk.figures(dist=trainer.dist is not None))
+        rec.update(tk.figures(dist=ctx.dist is not None))
     return rec
 
 
@@ -354,9 +354,10 @@ def _forward(model, invariant: bool, tk: RolloutTopk | None):
         yield
 
 
-def close(trainer: Trainer) -> None:
-    """End the engine and the producer of `trainer`'s asynchronous loop (if it has one)."""
-    ar = getattr(trainer, "async_rollouts", None)
+def close(owner: Any) -> None:
+    """End the engine and the producer of the asynchronous loop (if there is one) of `owner`: an
+    RLContext, or a trainer (its `rl`)."""
+    session = getattr(owner, "rl", owner).session
+    ar = session.pop("async_rollouts", None)
     if ar is not None:
         ar.close()
-        trainer.async_rollouts = None

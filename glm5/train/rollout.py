@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-from glm5.model import GLM5ForCausalLM
+from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel.invariant import layout_invariant
 
 

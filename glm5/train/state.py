@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from glm5 import fsio
-from glm5.checkpoint import open_tensors, read_json
+from glm5.core import fsio
+from glm5.core.checkpoint import open_tensors, read_json
 
 LATEST = "latest"
 TRAINER = "trainer"

@@ -164,7 +164,7 @@ class Glm5CacheLayer(nn.Module, AttentionLayerBase):
 
 
 class PagedCaches:
-    """What `glm5.attention.MLAAttention` asks of a cache (`write`), over the tensors vLLM bound to the
+    """What `glm5.core.attention.MLAAttention` asks of a cache (`write`), over the tensors vLLM bound to the
     cache layers: latent[i] for attention layer i, index_k[i] (None for a shared layer); the latent
     layers are bound as the backend's `mla_cache` declares (one tensor or split pools)."""
 

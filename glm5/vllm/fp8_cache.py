@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from backends.formats import E4M3, MLA_ROW_BYTES, quantize_indexer_inputs
-from glm5.config import GLM5Config
+from glm5.core.config import GLM5Config
 from glm5.vllm.cache import PagedCaches
 
 #: vLLM's name of the FP8 cache; the plugin's flag is the same: `--kv-cache-dtype fp8_ds_mla`

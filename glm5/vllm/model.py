@@ -1,6 +1,6 @@
 """`Glm5BackendsForCausalLM`: GLM-5 in vLLM, computed by the project's model on a GLM-5 backend.
 
-The network is the project's own `GLM5ForCausalLM` (glm5/model.py: MLA + indexer + MoE modules, the
+The network is the project's own `GLM5ForCausalLM` (glm5/core/model.py: MLA + indexer + MoE modules, the
 shared-layer top-k reuse, quantized linears), loaded through vLLM's weight iterator (float,
 compressed-tensors, msModelSlim, GLM-5-FP8; glm5/vllm/weights.py). vLLM schedules, pages the caches
 (glm5/vllm/cache.py) and samples. Per step the model builds one `Step` from vLLM's metadata, so every
@@ -24,13 +24,13 @@ from vllm.platforms import current_platform
 
 import backends
 from backends import Backend, BackendUnavailable
-from glm5 import formats
-from glm5.attention import Step
-from glm5.cache import StepSlots
-from glm5.checkpoint import TensorFiles, read_config, without_absent_mtp
-from glm5.config import GLM5Config
-from glm5.layers import rope_angles
-from glm5.model import GLM5ForCausalLM
+from glm5.core.attention import Step
+from glm5.core.cache import StepSlots
+from glm5.core.checkpoint import TensorFiles, read_config, without_absent_mtp
+from glm5.core.config import GLM5Config
+from glm5.core.layers import rope_angles
+from glm5.core.model import GLM5ForCausalLM
+from glm5.loader import is_quantized
 from glm5.parallel import agreement, invariant
 from glm5.parallel.plan import check as check_plan
 from glm5.train.rollout import logprobs
@@ -95,7 +95,7 @@ class Glm5BackendsForCausalLM(nn.Module):
         #: every checkpoint loads through vLLM's weight iterator, each rank reading its slice of the plan
         #: (glm5/vllm/weights.py); a quantized one's modules are built from its quantization config first
         #: (quant.load.skeleton: compressed-tensors, msModelSlim, GLM-5-FP8), then split the same way
-        self.quantized = formats.claiming(self.path) is not None or formats.looks_quantized(self.path)
+        self.quantized = is_quantized(self.path)
         tp, ep = groups(vllm_config.parallel_config)
         if tp is not None:  # refused here, before any load, if the plan cannot split it
             check_plan(self.config, tp.size, 1 if ep is None else ep.size)

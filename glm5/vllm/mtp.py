@@ -4,8 +4,8 @@ the project's own MTP layer on the GLM-5 backend.
 vLLM drafts GLM-5's MTP as a `deepseek_mtp` model (its `DeepseekV32MTPModel`, built on vLLM's own DSA
 kernels). For `Glm5BackendsForCausalLM` the plugin's config hook points the draft at this class instead
 (`use_project_mtp`), so `--speculative-config '{"method": "mtp", "num_speculative_tokens": N}'` needs nothing
-else. The draft is the project's `MTPLayer` (glm5/model.py) with its own paged latent and indexer caches in
-vLLM's pool; draft j > 1 chains the MTP layer on its own output (the pre-norm hidden state), exactly as
+else. The draft is the project's `MTPLayer` (glm5/core/model.py) with its own paged latent and indexer caches
+in vLLM's pool; draft j > 1 chains the MTP layer on its own output (the pre-norm hidden state), exactly as
 `glm5.generate.generate_speculative` does, so vLLM accepts the drafts `glm5 generate --mtp N` accepts.
 
 The draft is split as the target is: the one parallel plan (glm5/parallel/plan.py) over vLLM's groups, and
@@ -28,13 +28,13 @@ from vllm.forward_context import get_forward_context
 from vllm.platforms import current_platform
 
 import backends
-from glm5 import formats
-from glm5.attention import Step
-from glm5.cache import StepSlots
-from glm5.checkpoint import read_config
-from glm5.config import GLM5Config
-from glm5.layers import rope_angles
-from glm5.model import GLM5ForCausalLM
+from glm5.core.attention import Step
+from glm5.core.cache import StepSlots
+from glm5.core.checkpoint import read_config
+from glm5.core.config import GLM5Config
+from glm5.core.layers import rope_angles
+from glm5.core.model import GLM5ForCausalLM
+from glm5.loader import is_quantized
 from glm5.parallel.plan import apply
 from glm5.parallel.plan import check as check_plan
 from glm5.vllm import weights as weights_module
@@ -84,7 +84,7 @@ class Glm5BackendsMTP(nn.Module):
             check_plan(c, self.tp.size, 1 if self.ep is None else self.ep.size)
         #: vLLM's iterator, each rank its slice (quantized: the MTP layers' modules from the quantization
         #: config, quant.load.skeleton, and only their tensors loaded: glm5/vllm/quant_weights.py)
-        self.quantized = formats.claiming(self.path) is not None or formats.looks_quantized(self.path)
+        self.quantized = is_quantized(self.path)
         if self.quantized:
             from quant.load import skeleton
 
@@ -160,7 +160,8 @@ class Glm5BackendsMTP(nn.Module):
             self.counts["draft_steps"] += 1
         layer = self.mtp_layers[spec_step_idx % len(self.mtp_layers)]
         emb = self.model.embed_tokens(input_ids[:n])
-        # the embedding at position 0 is zeroed (glm5.model.GLM5ForCausalLM.mtp_forward, vLLM's MTP layer)
+        # the embedding at position 0 is zeroed (glm5.core.model.GLM5ForCausalLM.mtp_forward, vLLM's MTP
+        # layer)
         emb = emb.masked_fill((step.slots.positions == 0)[:, None], 0.0)
         x = layer.predict(emb, hidden_states[:n], step)
         if n == t:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from backends.formats import BLOCK, E4M3
-from glm5.checkpoint import FLOAT_DTYPES, CheckpointError, checked_tensor
+from glm5.core.checkpoint import FLOAT_DTYPES, CheckpointError, checked_tensor
 from quant.formats import compressed_tensors, fp8, modelslim
 from quant.formats.common import quantized_modules
 from quant.fp8_modules import EXPERT_PROJS, FP8Experts

@@ -1,6 +1,6 @@
 """GLM-5 weights through vLLM's weight iterator, each rank keeping only its slice.
 
-The checkpoint names are glm5/checkpoint.py's (`_hf_names`: per-expert tensors stacked into the
+The checkpoint names are glm5/core/checkpoint.py's (`_hf_names`: per-expert tensors stacked into the
 `STACKED_EXPERTS` parameters, the DeepSeek-style MTP copies of the embedding and head); those of the
 quantized linears (compressed-tensors, msModelSlim, GLM-5-FP8) are their formats'
 (glm5/vllm/quant_weights.py).
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from glm5.checkpoint import FLOAT_DTYPES, CheckpointError, _hf_names, _shared_copies
+from glm5.core.checkpoint import FLOAT_DTYPES, CheckpointError, _hf_names, _shared_copies
 from glm5.parallel.group import Group
 from glm5.parallel.plan import ShardInfo, apply, local_slice
 from glm5.vllm import quant_weights

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from glm5.checkpoint import FLOAT_DTYPES, STACKED_EXPERTS, TensorFiles, fit_report, write_shards
+from glm5.core.checkpoint import FLOAT_DTYPES, STACKED_EXPERTS, TensorFiles, fit_report, write_shards
 from quant.apply import EXPERT_PROJS
 from quant.modules import QuantExperts, QuantLinear
 from quant.recipe import Scheme
@@ -78,13 +78,13 @@ def write_checkpoint(
     extra_files: dict[str, Any] | None = None,
     max_shard_size: int = 5 << 30,
 ) -> None:
-    """config.json + safetensors (+ extra JSON files), atomically (glm5.checkpoint.ShardWriter)."""
+    """config.json + safetensors (+ extra JSON files), atomically (glm5.core.checkpoint.ShardWriter)."""
     write_shards(path, config, tensors, max_shard_size, extra_files)
 
 
 class TensorReader(TensorFiles):
     """All tensors of a checkpoint directory by name, read as the float loader reads them (only regular
-    files inside `path`; every tensor checked: glm5.checkpoint.TensorFiles); records which were read (for
+    files inside `path`; every tensor checked: glm5.core.checkpoint.TensorFiles); records which were read (for
     strict loading)."""
 
     def __init__(self, path: Path) -> None:
@@ -101,7 +101,7 @@ class TensorReader(TensorFiles):
 
     def fit(self, model: nn.Module, copies: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
         """(missing, unexpected, mis-shaped) tensors against a float checkpoint of `model`
-        (glm5.checkpoint.fit_report); reads headers only."""
+        (glm5.core.checkpoint.fit_report); reads headers only."""
         return fit_report(model, self.where, self.shape, copies)
 
 

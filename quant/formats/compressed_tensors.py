@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from backends.formats import pack_int4, unpack_int4
-from glm5.checkpoint import FLOAT_DTYPES, config_json, read_config
+from glm5.core.checkpoint import FLOAT_DTYPES, config_json, read_config
 from quant.apply import quantizable
 from quant.formats.common import Scope, TensorReader, float_tensors, quantized_modules, write_checkpoint
 from quant.recipe import W4A8, W8A8, Scheme

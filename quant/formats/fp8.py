@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from backends.formats import BLOCK, E4M3, cdiv, dequantize_weight_blocks, quantize_weight_blocks
-from glm5.checkpoint import FLOAT_DTYPES, CheckpointError, config_json, expected_shapes, fit_report
-from glm5.moe import Experts
+from glm5.core.checkpoint import FLOAT_DTYPES, CheckpointError, config_json, expected_shapes, fit_report
+from glm5.core.moe import Experts
 from quant.formats.common import Scope, TensorReader, write_checkpoint
 from quant.fp8_modules import EXPERT_PROJS, FP8Experts, FP8Linear
 
@@ -102,7 +102,7 @@ def inventory_plan(model: nn.Module) -> dict[str, Any]:
 def tensors(model: nn.Module, scope: Scope = None) -> dict[str, torch.Tensor]:
     """The GLM-5-FP8 checkpoint tensors of the modules in `scope` (all by default): the FP8 targets
     block-quantized (or copied when already FP8), everything else as the model holds it."""
-    from glm5.checkpoint import _hf_names
+    from glm5.core.checkpoint import _hf_names
 
     params = model.state_dict()
     out = {
@@ -226,9 +226,9 @@ def load_fp8(
     """Build `cls` (GLM5ForCausalLM) from an FP8 checkpoint. fp8_modules=True: FP8Linear / FP8Experts on
     the backend's FP8 ops (the format served as published); False: every weight de-quantized to `dtype`
     (a float model, e.g. the source of `glm5 quantize`)."""
-    from glm5.checkpoint import _shared_copies, read_config, without_absent_mtp
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.checkpoint import _shared_copies, read_config, without_absent_mtp
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
 
     path = Path(path)
     raw = read_config(path)
@@ -279,7 +279,7 @@ def _fill(
 ) -> None:
     """Fill the model whose FP8 targets are `swapped` in; names, shapes and leftovers were checked by
     `reader.fit`, dtypes and finiteness are checked as each tensor is read."""
-    from glm5.checkpoint import _hf_names, check_shared_copy
+    from glm5.core.checkpoint import _hf_names, check_shared_copy
 
     for name, mod in swapped.items():
         if isinstance(mod, FP8Linear):

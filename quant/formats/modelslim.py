@@ -20,13 +20,14 @@ import torch
 from torch import nn
 
 from backends.formats import pack_int4, unpack_int4
-from glm5.checkpoint import FLOAT_DTYPES, config_json, read_json
+from glm5.core.checkpoint import FLOAT_DTYPES, config_json, read_json
+from glm5.core.marks import MODELSLIM_DESCRIPTION
 from quant.apply import tensor_schemes
 from quant.formats.common import Scope, TensorReader, float_tensors, quantized_modules, write_checkpoint
 from quant.recipe import FLOAT, W4A8, W8A8, Scheme
 
 FORMAT = "modelslim"
-DESCRIPTION = "quant_model_description.json"
+DESCRIPTION = MODELSLIM_DESCRIPTION  # what the float reader refuses (glm5.core.marks)
 _SLICED = ("down_proj", "o_proj", "w2")  # row-parallel projections: scale_bias per K/16 slice
 
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from glm5.config import GLM5Config
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.deploy import memory
 from glm5.deploy.inventory import ShardError, inventory, meta_model, totals
-from glm5.model import GLM5ForCausalLM
 from quant.apply import plan_model
 from quant.load import export
 from quant.quantize import quantize_model

@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from glm5.cli import main
-from glm5.config import GLM5Config
+from glm5.core.config import GLM5Config
 from glm5.deploy import Machine, Request, evaluate, make_plan, weights_for
 from glm5.deploy.inventory import meta_model, totals
 from glm5.deploy.machines import MACHINE_DIR, available, parse_bytes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from glm5.config import GLM5Config
+from glm5.core.config import GLM5Config
 from glm5.deploy import Machine, Request, make_plan, weights_for
 
 GLM5 = GLM5Config.from_preset("glm5-744b")

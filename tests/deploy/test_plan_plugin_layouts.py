@@ -12,7 +12,7 @@ import shlex
 from click.testing import CliRunner
 
 from glm5.cli import main
-from glm5.config import GLM5Config
+from glm5.core.config import GLM5Config
 
 
 def _plan(*extra: str, config: str = "tiny", machine: str = "h200x8"):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 
 
 def make_model(seed: int = 0, **overrides) -> GLM5ForCausalLM:

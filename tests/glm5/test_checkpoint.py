@@ -7,8 +7,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from glm5.checkpoint import CheckpointError
-from glm5.model import GLM5ForCausalLM
+from glm5.core.checkpoint import CheckpointError
+from glm5.core.model import GLM5ForCausalLM
 from tests.glm5._util import random_ids
 
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from glm5.checkpoint import CheckpointError, NotACheckpoint
-from glm5.model import GLM5ForCausalLM
+from glm5.core.checkpoint import CheckpointError, NotACheckpoint
+from glm5.core.model import GLM5ForCausalLM
 from tests.glm5._util import random_ids
 
 _SAVER = textwrap.dedent(

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 
 
 def test_indexer_types_derivation():

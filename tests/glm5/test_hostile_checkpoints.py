@@ -13,10 +13,11 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from glm5.checkpoint import BadCheckpointFile, CheckpointError
 from glm5.cli import main
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.checkpoint import BadCheckpointFile, CheckpointError
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
+from glm5.loader import load_model
 from quant.formats import fp8
 from quant.load import load_quantized
 from quant.stream import convert
@@ -70,7 +71,7 @@ FLOAT_LOADERS = {
     "streamed": lambda p: convert(p, p.parent / "out", "fp8"),
 }
 FP8_LOADERS = {
-    "fp8-modules": lambda p: GLM5ForCausalLM.from_pretrained(p, backend="reference"),
+    "fp8-modules": lambda p: load_model(p, backend="reference"),
     "dequantized": lambda p: fp8.load_fp8(p, backend="reference", fp8_modules=False),
     "streamed": lambda p: convert(p, p.parent / "out", "fp8"),
 }

@@ -13,8 +13,8 @@ import sys
 import pytest
 import torch
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel import plan
 from glm5.parallel.group import Single, TorchGroup
 from glm5.parallel.invariant import NotLayoutInvariant, layout_invariant

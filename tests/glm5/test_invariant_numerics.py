@@ -167,8 +167,8 @@ def test_a_weights_cached_grid_follows_every_write():
     a write through the parameter, one through `.data` and one that keeps the version counter (as
     FSDP2's all-gather into the unsharded parameter does), also to the experts the cpu backend's
     grouped_matmul receives through the custom op, are all seen by the next forward."""
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
 
     ids = torch.randint(0, 512, (1, 12), generator=_g(30))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from glm5 import fsio
+from glm5.core import fsio
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,7 +82,7 @@ _NO_EXCHANGE_WRITER = textwrap.dedent(
     """
     import ctypes, os, signal, sys
     from pathlib import Path
-    from glm5 import fsio
+    from glm5.core import fsio
 
     class LibcWithoutRenameat2:  # as an old libc: renameat2 is not there (ENOSYS)
         def __init__(self, *args, **kwargs):
@@ -152,7 +152,7 @@ def test_recover_restores_the_copy_set_aside_and_drops_trash(tmp_path):
 
 def test_a_reader_of_a_copy_set_aside_names_it_and_changes_nothing(tmp_path):
     """Between a killed swap and the next writer, `--model .../latest` names where the copy is."""
-    from glm5.checkpoint import NotACheckpoint, check_dir
+    from glm5.core.checkpoint import NotACheckpoint, check_dir
 
     assert _write(tmp_path, "0") == 0
     assert _write(tmp_path, "1", kill_before=2) != 0  # killed between the two renames
@@ -176,8 +176,8 @@ def _dead_pid() -> int:
 
 @pytest.fixture(scope="module")
 def float_ckpt(tmp_path_factory):
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
 
     path = tmp_path_factory.mktemp("float") / "float"
     model = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend="reference")

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel.agreement import TopkAgreement, TopkDisagreement, digest, enabled
 from glm5.parallel.group import Single, TorchGroup
 

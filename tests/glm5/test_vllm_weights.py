@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glm5.checkpoint import hf_state_dict
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.checkpoint import hf_state_dict
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel.plan import apply
 from glm5.vllm import weights
 

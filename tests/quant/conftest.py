@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from quant.quantize import quantize_model
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from glm5.moe import Experts
+from glm5.core.moe import Experts
 from quant.apply import plan_model
 from quant.calibrate import _smooth_layer, _Stats, awq_search
 from quant.modules import QuantExperts, QuantLinear

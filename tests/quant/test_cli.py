@@ -146,7 +146,7 @@ def test_quantize_killed_while_writing_keeps_source_and_previous_out(tmp_path):
     child.wait()
     assert child.returncode == -signal.SIGKILL
     load_quantized(tmp_path / "q")  # the previous export, or the new one: never nothing
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
 
     GLM5ForCausalLM.from_pretrained(tmp_path / "src", backend="reference")
     assert _q(runner, tmp_path / "src", tmp_path / "q", "--overwrite").exit_code == 0

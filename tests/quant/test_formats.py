@@ -119,9 +119,9 @@ def test_per_group_compressed_tensors_round_trip_and_modelslim_refusal(tmp_path)
         export(model, tmp_path / "m", "modelslim")
 
 
-def test_from_pretrained_loads_quantized(w4a8_model, tmp_path):
-    from glm5.model import GLM5ForCausalLM
+def test_the_loader_loads_quantized(w4a8_model, tmp_path):
+    from glm5.loader import load_model
 
     export(w4a8_model, tmp_path / "q", "modelslim")
-    back = GLM5ForCausalLM.from_pretrained(tmp_path / "q", backend="reference")
+    back = load_model(tmp_path / "q", backend="reference")
     assert torch.equal(_logits(back), _logits(w4a8_model))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from glm5.model import GLM5ForCausalLM
+from glm5.loader import load_model
 from quant import quantize_model
 from quant.formats import fp8
 from quant.fp8_modules import FP8Experts, FP8Linear
@@ -60,7 +60,7 @@ def test_layout_is_the_published_one(fp8_dir):
 
 
 def test_loads_fp8_modules_and_round_trips_bitwise(fp8_dir, tmp_path):
-    model = GLM5ForCausalLM.from_pretrained(fp8_dir, backend="reference")
+    model = load_model(fp8_dir, backend="reference")
     assert isinstance(model.model.layers[0].self_attn.q_a_proj, FP8Linear)
     assert isinstance(model.model.layers[1].mlp.experts, FP8Experts)
     assert not isinstance(model.model.layers[0].self_attn.kv_b_proj, FP8Linear)  # de-quantized at load

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from quant.apply import hf_tensor_names, plan_model, tensor_schemes
 from quant.recipe import FLOAT, W4A8, W8A8, Recipe, available
 from tests.quant.conftest import tiny_model

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from glm5.checkpoint import CheckpointError, weight_files
-from glm5.model import GLM5ForCausalLM
+from glm5.core.checkpoint import CheckpointError, weight_files
+from glm5.core.model import GLM5ForCausalLM
 from quant import quantize_model, stream
 from quant.data import token_batch
 from quant.formats import fp8

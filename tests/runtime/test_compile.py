@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch._dynamo
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from tests.runtime._fakes import NoReadBackend
 
 READ_OPS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.equal.default}

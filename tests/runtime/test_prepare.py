@@ -9,8 +9,8 @@ import torch
 
 import backends
 from backends.reference import ReferenceBackend
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from quant.modules import QuantExperts, QuantLinear
 from quant.quantize import quantize_model
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 import backends
+from glm5.core.model import GLM5ForCausalLM
 from glm5.generate import generate
-from glm5.model import GLM5ForCausalLM
 
 ENGINE = Path(__file__).with_name("engine.py")
 PROMPT_LENS = (5, 40, 23)  # three lengths, submitted together

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from tests.vllm._util import PROMPT_LENS
 
 

@@ -111,7 +111,7 @@ def main(spec: dict) -> dict:
     if spec.get("update_from"):
         from safetensors.torch import load_file
 
-        from glm5.checkpoint import weight_files
+        from glm5.core.checkpoint import weight_files
 
         files = set(weight_files(Path(spec["update_from"])).values())
         pairs = [kv for f in sorted(files) for kv in load_file(f).items()]

@@ -21,8 +21,8 @@ import time
 def main(spec: dict) -> dict:
     import torch
 
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
     from glm5.train.engine_local import checkpoint_tensors
     from glm5.train.engine_vllm import VllmEngine
     from glm5.train.rollout import batch_invariant, sequence_logprobs

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from glm5.core.model import GLM5ForCausalLM
 from glm5.generate import generate_speculative
-from glm5.model import GLM5ForCausalLM
 from tests.vllm._util import MAX_TOKENS, available, engine_env, run_engine
 from tests.vllm.test_mtp import NUM_DRAFT, mtp_checkpoint  # noqa: F401 (the fixture)
 

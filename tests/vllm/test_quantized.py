@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glm5.model import GLM5ForCausalLM
+from glm5.core.model import GLM5ForCausalLM
 from quant.load import detect_format, export
 from quant.quantize import quantize_model
 from tests.vllm._util import available, expected_tokens, run_engine

@@ -19,9 +19,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from glm5.checkpoint import CheckpointError, TensorFiles, _shared_copies, read_config, weight_files
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.checkpoint import CheckpointError, TensorFiles, _shared_copies, read_config, weight_files
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel import plan
 from glm5.vllm import weights
 from quant.load import export, skeleton

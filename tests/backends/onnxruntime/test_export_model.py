@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from backends.onnxruntime.functions import DOMAIN
 from glm5.cli import main
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.onnx_export.export import run_onnx
 from glm5.onnx_export.translation import translation_table
 

@@ -10,8 +10,8 @@ from collections import defaultdict
 import pytest
 import torch
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.train.activations import checkpoint_layers, recomputing
 from glm5.train.dsa import AttentionProbe, ExpertBalancer
 from glm5.train.losses import lm_and_mtp

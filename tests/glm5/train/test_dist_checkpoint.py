@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
 from glm5.cli import main
-from glm5.model import GLM5ForCausalLM
+from glm5.core.model import GLM5ForCausalLM
 from glm5.train import dist_state
 from glm5.train.loop import TrainConfig, Trainer
 

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from glm5.cli import main
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.train.data import ByteCorpus
 from glm5.train.distributed import Dist, full, state_bytes
 from glm5.train.dsa import AttentionProbe

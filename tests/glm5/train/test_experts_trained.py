@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 import backends
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
-from glm5.moe import Experts
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
+from glm5.core.moe import Experts
 
 
 def _oracle(x, ids, w, ex: Experts):

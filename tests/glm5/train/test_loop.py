@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from glm5.cli import main
-from glm5.model import GLM5ForCausalLM
+from glm5.core.model import GLM5ForCausalLM
 from glm5.train.loop import TrainConfig, Trainer
 from glm5.train.state import latest_checkpoint, save_checkpoint
 

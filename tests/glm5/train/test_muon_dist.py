@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import glm5.train.muon as muon_mod
-from glm5.config import GLM5Config
+from glm5.core.config import GLM5Config
 from glm5.train.muon import Blocks, Muon, build_optimizers
 from glm5.train.muon_dist import DistributedMuon, build_distributed_optimizers
 from glm5.train.muon_figures import muon_bytes, muon_params

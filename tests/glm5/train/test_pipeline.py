@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.train.dsa import AttentionProbe
 from glm5.train.losses import lm_and_mtp
 from tests.glm5.train._dist import spawn

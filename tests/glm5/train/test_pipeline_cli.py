@@ -96,8 +96,8 @@ def test_a_pp_run_stopped_after_a_save_resumes_bit_exactly(straight, tmp_path):
 
 
 def test_each_rank_holds_its_stages_only(straight):
-    from glm5.config import GLM5Config
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.config import GLM5Config
+    from glm5.core.model import GLM5ForCausalLM
 
     whole = GLM5ForCausalLM(GLM5Config.from_preset("tiny"))
     total = sum(p.numel() * p.element_size() for p in whole.parameters())
@@ -141,7 +141,7 @@ def test_one_micro_batch_through_the_pipeline_is_the_one_process_run(tmp_path):
     pp, one = _records(tmp_path / "pp"), _records(tmp_path / "one")
     assert [{k: v for k, v in r.items() if not k.endswith("_bytes")} for r in pp] == one
     whole = dist_state.model_from(tmp_path / "pp" / "checkpoints" / "latest")
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
 
     ref = GLM5ForCausalLM.from_pretrained(tmp_path / "one" / "checkpoints" / "latest")
     assert all(torch.equal(p, q) for p, q in zip(whole.parameters(), ref.parameters(), strict=True))

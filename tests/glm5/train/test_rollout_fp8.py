@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.train.rollout import rollout_check
 from quant.fp8 import fake_quant_latent, fp8_policy
 from quant.fp8_modules import FP8Experts, FP8Linear

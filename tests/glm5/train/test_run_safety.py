@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from glm5.cli import main
-from glm5.model import GLM5ForCausalLM
+from glm5.core.model import GLM5ForCausalLM
 from glm5.train.loop import NothingToResume, RunExists, TrainConfig, Trainer
 from glm5.train.state import LATEST, checkpoints, latest_checkpoint, save_checkpoint
 

@@ -15,8 +15,8 @@ import torch
 from click.testing import CliRunner
 
 from glm5.cli import main
-from glm5.config import GLM5Config
-from glm5.model import GLM5ForCausalLM
+from glm5.core.config import GLM5Config
+from glm5.core.model import GLM5ForCausalLM
 from glm5.train import rl_async
 from glm5.train.engine_local import PolicyEngine, checkpoint_tensors
 from glm5.train.loop import TrainConfig, Trainer

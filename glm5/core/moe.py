@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from backends import Backend, moe
-from glm5.config import GLM5Config
-from glm5.layers import MLP
+from glm5.core.config import GLM5Config
+from glm5.core.layers import MLP
 
 
 class Router(nn.Module):
@@ -46,7 +46,7 @@ class Router(nn.Module):
 
 class Experts(nn.Module):
     """Routed experts stacked for grouped GEMM: gate_proj/up_proj [E, I, D], down_proj [E, D, I].
-    Checkpoints store them per expert (`experts.{e}.gate_proj.weight`); glm5/checkpoint.py converts."""
+    Checkpoints store them per expert (`experts.{e}.gate_proj.weight`); glm5/core/checkpoint.py converts."""
 
     def __init__(self, n: int, hidden: int, inter: int, dtype: torch.dtype | None = None) -> None:
         super().__init__()

@@ -16,11 +16,11 @@ from torch import nn
 
 import backends
 from backends import Backend, SeqLayout
-from glm5.attention import MLAAttention, Step
-from glm5.cache import KVCache, StepSlots
-from glm5.config import GLM5Config
-from glm5.layers import MLP, RMSNorm, rope_angles
-from glm5.moe import MoE
+from glm5.core.attention import MLAAttention, Step
+from glm5.core.cache import KVCache, StepSlots
+from glm5.core.config import GLM5Config
+from glm5.core.layers import MLP, RMSNorm, rope_angles
+from glm5.core.moe import MoE
 
 
 @dataclass
@@ -172,26 +172,21 @@ class GLM5ForCausalLM(nn.Module):
         dtype: torch.dtype | None = None,
         strict: bool = True,
     ) -> GLM5ForCausalLM:
-        """Load a Hugging Face `glm_moe_dsa` directory (config.json + safetensors, sharded or not), or a
-        quantized export of one (compressed-tensors, msModelSlim, FP8: read by the checkpoint-format
-        plugins of glm5/formats.py, which `quant` provides)."""
-        from glm5 import formats
-        from glm5.checkpoint import NotACheckpoint, load_pretrained
+        """Load a float Hugging Face `glm_moe_dsa` directory (config.json + safetensors, sharded or not).
+        A quantized export is refused in one line: `glm5.loader.load_model` reads both."""
+        from glm5.core.checkpoint import NotACheckpoint, load_pretrained
+        from glm5.core.marks import quantized_mark
 
-        fmt = formats.claiming(path)
-        if fmt is not None:
-            return fmt.load(path, backend=backend, dtype=dtype, cls=cls)
-        if formats.looks_quantized(path):
+        mark = quantized_mark(path)
+        if mark is not None:
             raise NotACheckpoint(
-                f"path: {path} is a quantized checkpoint (config.json has quantization_config) that no "
-                f"installed checkpoint-format plugin reads (entry points {formats.ENTRY_POINT_GROUP!r}: "
-                f"{[f.name for f in formats.installed()]}); reinstall the project (pip install -e .)"
+                f"path: {path} is a quantized checkpoint ({mark}); load it with glm5.loader.load_model"
             )
         return load_pretrained(cls, path, backend, dtype, strict)
 
     def save_pretrained(self, path: str | Path, max_shard_size: int = 5 << 30) -> None:
         """Write config.json + safetensors with the published names (sharded above max_shard_size bytes)."""
-        from glm5.checkpoint import save_pretrained
+        from glm5.core.checkpoint import save_pretrained
 
         save_pretrained(self, path, max_shard_size)
 

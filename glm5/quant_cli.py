@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from glm5 import fsio
 from glm5.cli_args import backend_choice, model_option, one_line_errors, one_writer
+from glm5.core import fsio
 from quant import recipe as recipes
 from quant.load import FORMATS
 
@@ -146,8 +146,8 @@ def quantize(
     _check_out(out, src, overwrite)  # before the lock file is made beside --out
     be = backend_choice(backend)
 
-    from glm5.checkpoint import CheckpointError, NotACheckpoint
-    from glm5.progress import Phases
+    from glm5.core.checkpoint import CheckpointError, NotACheckpoint
+    from glm5.core.progress import Phases
     from quant.data import token_batch
     from quant.stream import NotASource, convert
 

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from backends import Backend
-from glm5.cache import KVCache, StepSlots
-from glm5.config import GLM5Config
-from glm5.layers import RMSNorm, apply_rope
+from glm5.core.cache import KVCache, StepSlots
+from glm5.core.config import GLM5Config
+from glm5.core.layers import RMSNorm, apply_rope
 
 
 @dataclass

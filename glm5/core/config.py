@@ -1,7 +1,7 @@
 """`GLM5Config`: the Hugging Face `glm_moe_dsa` config as one dataclass (SPEC 5).
 
 Field names are the published ones, so `config.json` loads with `GLM5Config.from_dict` and
-`to_dict` writes a file Hugging Face tools read back. Presets live in `glm5/presets/<name>.yaml`.
+`to_dict` writes a file Hugging Face tools read back. Presets live in `glm5/core/presets/<name>.yaml`.
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ class GLM5Config:
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> GLM5Config:
-        """A preset from glm5/presets/<name>.yaml (yaml.safe_load), with field overrides."""
+        """A preset from glm5/core/presets/<name>.yaml (yaml.safe_load), with field overrides."""
         path = PRESET_DIR / f"{name}.yaml"
         if not path.is_file():
             known = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
