@@ -30,7 +30,7 @@ def _engine(spec: dict) -> dict:
     record on -> responses, their log-probs, the record."""
     import torch
 
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
     from glm5.train.engine_local import checkpoint_tensors
     from glm5.train.engine_vllm import VllmEngine
 
@@ -57,7 +57,7 @@ def _trainer(rank: int, world: int, model_dir: str, engine: dict, invariant: boo
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from glm5.model import GLM5ForCausalLM
+    from glm5.core.model import GLM5ForCausalLM
     from glm5.train.rollout import batch_invariant, sequence_logprobs
     from glm5.train.topk_replay import RolloutTopk
 
