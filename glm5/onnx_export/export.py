@@ -103,9 +103,10 @@ def _refuse_fp8(path: Path) -> None:
 def _load(preset: str | None, checkpoint: str | None, dtype: torch.dtype):
     from glm5.core.config import GLM5Config
     from glm5.core.model import GLM5ForCausalLM
+    from glm5.loader import load_model
 
     if checkpoint:
-        return GLM5ForCausalLM.from_pretrained(checkpoint, backend="reference", dtype=dtype)
+        return load_model(checkpoint, backend="reference", dtype=dtype)
     return GLM5ForCausalLM(GLM5Config.from_preset(preset or "tiny"), backend="reference", dtype=dtype)
 
 

@@ -14,11 +14,35 @@ import torch
 import backends
 from glm5.core.model import GLM5ForCausalLM
 from glm5.generate import generate
+from glm5.loader import load_model
 
 ENGINE = Path(__file__).with_name("engine.py")
 PROMPT_LENS = (5, 40, 23)  # three lengths, submitted together
 MAX_TOKENS = 16
 ENGINE_TIMEOUT_S = 300
+
+
+def fp8_exportable_bf16_model() -> GLM5ForCausalLM:
+    """A tiny bf16 model whose split dims are multiples of 256, so FP8's 128-blocks split whole at TP=2."""
+    from glm5.core.config import GLM5Config
+
+    cfg = GLM5Config.from_dict(
+        {
+            **GLM5Config.from_preset("tiny").to_dict(),
+            "hidden_size": 256,
+            "intermediate_size": 256,
+            "moe_intermediate_size": 256,
+            "q_lora_rank": 128,
+            "kv_lora_rank": 64,
+            "qk_nope_head_dim": 48,
+            "qk_rope_head_dim": 16,
+            "v_head_dim": 64,
+            "index_head_dim": 64,
+        }
+    )
+    model = GLM5ForCausalLM(cfg, backend="reference", dtype=torch.bfloat16)
+    model.init_weights(0)
+    return model
 
 
 def available(name: str) -> bool:
@@ -52,6 +76,6 @@ def run_engine(
 
 def expected_tokens(model_dir: Path, backend: str, prompts: list[list[int]]) -> list[list[int]]:
     """The project's greedy generation (what `glm5 generate` runs), one request at a time."""
-    model = GLM5ForCausalLM.from_pretrained(model_dir, backend=backend).requires_grad_(False)
+    model = load_model(model_dir, backend=backend).requires_grad_(False)
     dev = model.backend.device
     return [generate(model, torch.tensor([p], device=dev), MAX_TOKENS).tokens[0] for p in prompts]

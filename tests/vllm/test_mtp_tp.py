@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from glm5.core.model import GLM5ForCausalLM
 from glm5.generate import generate_speculative
+from glm5.loader import load_model
 from tests.vllm._util import MAX_TOKENS, available, engine_env, run_engine
 from tests.vllm.test_mtp import NUM_DRAFT, mtp_checkpoint  # noqa: F401 (the fixture)
 
@@ -42,7 +42,7 @@ def test_mtp_at_tp2_equals_tp1_and_glm5_generate_mtp(mtp_checkpoint, prompts, tm
         **spec,
         tensor_parallel_size=2,
     )
-    model = GLM5ForCausalLM.from_pretrained(mtp_checkpoint, backend=BACKEND).requires_grad_(False)
+    model = load_model(mtp_checkpoint, backend=BACKEND).requires_grad_(False)
     runs = [generate_speculative(model, torch.tensor([p]), MAX_TOKENS, num_draft=NUM_DRAFT) for p in prompts]
     for i, run in enumerate(runs):
         got1, got2, want = tp1["tokens"][i], tp2["tokens"][i], run.tokens[0]

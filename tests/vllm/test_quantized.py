@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from glm5.core.model import GLM5ForCausalLM
+from glm5.loader import load_model
 from quant.load import detect_format, export
 from quant.quantize import quantize_model
 from tests.vllm._util import available, expected_tokens, run_engine
@@ -29,14 +30,14 @@ def _teacher_forced(model: GLM5ForCausalLM, prompt: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("fmt", ["compressed-tensors", "modelslim"])
 def test_w8a8_export_logprobs_through_plugin(tiny_checkpoint, prompts, scratch, tmp_path, fmt):
-    model = GLM5ForCausalLM.from_pretrained(tiny_checkpoint, backend="reference")
+    model = load_model(tiny_checkpoint, backend="reference")
     quantize_model(model, "glm5-w8a8")
     out = tmp_path / f"tiny-w8a8-{fmt}"
     export(model, out, fmt)
     assert detect_format(out) == fmt
     r = run_engine(scratch, "reference", model=str(out), prompts=prompts, prompt_logprobs=True)
-    quant = GLM5ForCausalLM.from_pretrained(out, backend="reference")
-    flt = GLM5ForCausalLM.from_pretrained(tiny_checkpoint, backend="reference")
+    quant = load_model(out, backend="reference")
+    flt = load_model(tiny_checkpoint, backend="reference")
     worst_vs_float = 0.0
     for i, (p, got) in enumerate(zip(prompts, r["prompt_logprobs"])):
         got = torch.tensor(got)
@@ -60,11 +61,11 @@ def test_fp8_export_served_through_plugin_on_cpu_fp8_ops(tiny_checkpoint, prompt
     if not available("cpu"):
         pytest.skip("the cpu backend is not usable here")
     out = tmp_path / "tiny-fp8"
-    bf16 = GLM5ForCausalLM.from_pretrained(tiny_checkpoint, backend="reference", dtype=torch.bfloat16)
+    bf16 = load_model(tiny_checkpoint, backend="reference", dtype=torch.bfloat16)
     fp8.export(bf16, out)
     assert detect_format(out) == "fp8"
     r = run_engine(scratch, "cpu", model=str(out), prompts=prompts, prompt_logprobs=True, dtype="bfloat16")
-    model = GLM5ForCausalLM.from_pretrained(out, backend="cpu")
+    model = load_model(out, backend="cpu")
     assert model.dtype == torch.bfloat16
     bf16.backend = "cpu"
     worst_vs_bf16 = 0.0

