@@ -75,3 +75,12 @@ def test_unknown_op_is_one_line_listing_the_known_ones():
     assert len(errors) == 1 and "'NAME'" in errors[0] and "unknown op 'top_k'" in errors[0]
     assert all(op in errors[0] for op in OPS)
     assert "Traceback" not in out.output
+
+
+def test_a_backends_limits_and_notes_are_shown():
+    """Typed limits and free-text notes are read by `glm5 ops` (before, OpCaps.notes reached no output)."""
+    out = CliRunner().invoke(main, ["ops", "grouped_matmul"])
+    assert out.exit_code == 0, out.output
+    caps = registry.loaded("cpu").ops["grouped_matmul"].caps
+    row = _lines(out.output)["backend cpu"]
+    assert caps.notes and all(f"{k}: {v}" in row for k, v in caps.notes.items())

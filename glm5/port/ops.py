@@ -106,6 +106,7 @@ def backend_rows(op: str) -> list[tuple[str, str]]:
         elif op in be.ops:
             fn = be.ops[op].fn
             text = where(fn) + "".join(f"; kernel {k}" for k in kernels(fn))
+            text += "".join(f"; {k}: {v}" for k, v in be.ops[op].caps.describe_limits().items())
         elif not ok and (module := _module_file(be, op)):
             text = f"{module} (its table is not built here)"
         else:
