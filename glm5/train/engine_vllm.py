@@ -9,11 +9,11 @@ log-probs themselves at the engine's `temperature`, by the trainer's function in
 bits (`logprobs_mode="raw_logits"`), so the ratio pi_train / pi_rollout is exactly 1 on-policy.
 
 vLLM's V1 engine core runs in its own process (and at TP > 1 one worker process per rank); `push` sends the
-whole checkpoint-named tensors to every worker through `apply_model` (vLLM's `collective_rpc`), where the
-plugin's `update_weights` copies each rank's slice of the parallel plan in place (no disk reload), then
-resets the prefix cache (it holds keys of the old weights). vLLM pickles the function it sends to the
-workers, hence VLLM_ALLOW_INSECURE_SERIALIZATION=1 in the engine's environment (the data stays inside this
-machine's processes; checkpoints are never pickled).
+whole checkpoint-named tensors to every worker through `collective_rpc` to the worker extension's
+`glm5_update_weights` (glm5/train/engine_vllm_worker.py, called by name with the tensors as raw bytes, so
+vLLM's pickle fallback VLLM_ALLOW_INSECURE_SERIALIZATION stays off), where the plugin's `update_weights`
+copies each rank's slice of the parallel plan in place (no disk reload), then resets the prefix cache (it
+holds keys of the old weights).
 
 The engine starts from a copy of the trainer's weights written as a float checkpoint into a temporary
 directory (vLLM loads a model from a directory), removed by `close`.
@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-from functools import partial
 from pathlib import Path
 
 import torch
 
 from glm5.train.engine_local import Generation, NamedTensors
+from glm5.train.engine_vllm_worker import RolloutWorkerExtension, named_to_wire, tensor_from_wire
+
+WORKER_EXTENSION = f"{RolloutWorkerExtension.__module__}.{RolloutWorkerExtension.__qualname__}"
 
 
 class VllmUnavailable(RuntimeError):
@@ -39,11 +41,6 @@ def vllm_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
-
-
-def _update(named: NamedTensors, model) -> int:
-    # runs in each vLLM worker on the plugin's model (module-level, so it pickles by reference)
-    return len(model.update_weights(named))
 
 
 class VllmEngine:
@@ -65,7 +62,6 @@ class VllmEngine:
     ) -> None:
         if not vllm_installed():
             raise VllmUnavailable("vLLM is not installed (pip install the 'vllm' extra)")
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         os.environ["GLM5_BACKEND"] = model.backend.name  # the plugin computes on the trainer's backend
         os.environ["GLM5_LAYOUT_INVARIANT"] = "1" if layout_invariant else "0"  # read by the plugin
         os.environ["GLM5_LOGPROB_TEMPERATURE"] = repr(float(temperature))  # the plugin's, in the mode
@@ -99,14 +95,13 @@ class VllmEngine:
             enable_expert_parallel=layout_invariant and tensor_parallel_size > 1,
             distributed_executor_backend="mp" if tensor_parallel_size > 1 else None,
             logprobs_mode="raw_logits" if layout_invariant else "processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
         )
         self.version = version
         self.pushes = 0
         self.record_topk = record_topk  # each worker's indexer top-k per request (glm5/train/topk_replay.py)
         if record_topk:
-            from glm5.train.topk_replay import install_in_worker
-
-            self.llm.collective_rpc(install_in_worker)
+            self.llm.collective_rpc("glm5_topk_install")
 
     def generate(
         self, prompts: torch.Tensor, new_tokens: int, *, temperature: float, seed: int
@@ -141,16 +136,16 @@ class VllmEngine:
             logp.append([lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)])
         topk = None
         if self.record_topk:
-            from glm5.train.topk_replay import take_from_worker
-
-            asked = [(o.request_id, len(r), new_tokens) for o, r in zip(outs, rows, strict=True)]
-            topk = self.llm.collective_rpc(take_from_worker, args=(asked,))[0]  # the ranks agree
+            asked = [[o.request_id, len(r), new_tokens] for o, r in zip(outs, rows, strict=True)]
+            topk = tensor_from_wire(
+                self.llm.collective_rpc("glm5_topk_take", args=(asked,))[0]
+            )  # ranks agree
         return Generation(
             torch.tensor(ids, dtype=torch.int64), torch.tensor(logp, dtype=torch.float32), self.version, topk
         )
 
     def push(self, named: NamedTensors, version: int) -> None:
-        self.llm.apply_model(partial(_update, named))
+        self.llm.collective_rpc("glm5_update_weights", args=(named_to_wire(named),))
         self.llm.reset_prefix_cache()
         self.version = version
         self.pushes += 1

@@ -248,7 +248,8 @@ class WorkerRecorder:
 
 
 def install_in_worker(worker) -> int:
-    """`llm.collective_rpc(install_in_worker)`: record the plugin's indexer top-k -> the indexer layers."""
+    """In a vLLM worker (the rollout engine's `glm5_topk_install`, glm5/train/engine_vllm_worker.py): record
+    the plugin's indexer top-k -> the indexer layers."""
     rec = worker._glm5_topk = WorkerRecorder(worker)
     rec.plugin.register_forward_pre_hook(rec._pre, with_kwargs=True)
     for j, m in enumerate(indexers(rec.plugin.glm)):
@@ -257,7 +258,7 @@ def install_in_worker(worker) -> int:
 
 
 def take_from_worker(worker, requests: list[tuple[str, int, int]]) -> torch.Tensor:
-    """`llm.collective_rpc(take_from_worker, args=(...))`: (request id, prompt length P, tokens N) each ->
-    int32 [R, N, layers, k], the rows of positions P-1 .. P+N-2."""
+    """In a vLLM worker (the rollout engine's `glm5_topk_take`): (request id, prompt length P, tokens N)
+    each -> int32 [R, N, layers, k], the rows of positions P-1 .. P+N-2."""
     rec = worker._glm5_topk
     return torch.stack([rec.take(r, range(p - 1, p + n - 1)) for r, p, n in requests])

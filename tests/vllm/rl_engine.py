@@ -7,13 +7,15 @@ sample again with the same seed; print one JSON line.
 Prints {"before"/"after": the sampled tokens, "diff_before"/"diff_after": the largest |engine log-prob -
 the training forward's log-prob| of the sampled tokens under the weights the engine held (with
 "layout_invariant": the engine and the training forward in that mode), "version",
-"pushes", "start_s", "push_s"}.
+"pushes", "start_s", "push_s", "insecure_serialization": VLLM_ALLOW_INSECURE_SERIALIZATION as the engine
+left it}.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 
@@ -39,6 +41,7 @@ def main(spec: dict) -> dict:
         layout_invariant=spec.get("layout_invariant", False),
     )
     out: dict = {"start_s": time.perf_counter() - t0}
+    out["insecure_serialization"] = os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION")  # the engine's env
     prompts = torch.randint(0, 256, (4, 12), generator=torch.Generator().manual_seed(0))
     try:
         before = engine.generate(prompts, 8, temperature=1.0, seed=11)

@@ -4,7 +4,8 @@ TP=1: `glm5 train --stage rl --rollout-engine vllm` runs 20 steps with weights p
 engine's versions follow the pushes, no batch is more than --max-staleness versions old, and the reward
 rises as the synchronous stage's does over the same steps (run beside it, same options). TP=2: the engine
 client samples token in / token out with log-probs equal to the training forward's, and a push of other
-weights in place changes what it samples under the same seed.
+weights in place changes what it samples under the same seed, with vLLM's pickle fallback
+(VLLM_ALLOW_INSECURE_SERIALIZATION) off.
 """
 
 from __future__ import annotations
@@ -82,9 +83,11 @@ def test_tp2_engine_samples_token_in_token_out_and_takes_pushes(tmp_path):
     if not available(BACKEND):
         pytest.skip(f"backend {BACKEND!r} not available here")
     env = engine_env(BACKEND, VLLM_CPU_OMP_THREADS_BIND="0|1")
+    env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # the engine needs no pickle in vLLM's IPC
     r = run_engine(
         tmp_path, BACKEND, env=env, script=Path(__file__).with_name("rl_engine.py"), tensor_parallel_size=2
     )
+    assert r["insecure_serialization"] is None  # the engine did not turn vLLM's pickle fallback on
     assert r["version"] == 2 and r["pushes"] == 1
     assert r["before"] != r["after"]  # the same seed, other weights
     assert r["diff_before"] < LOGPROB_TOL and r["diff_after"] < LOGPROB_TOL, r

@@ -1,7 +1,8 @@
 """The vLLM rollout engine records the indexer top-k per generated token (glm5/train/topk_replay.py: hooks
-installed in each worker by collective_rpc, rows mapped to requests through the model runner's input
-batch), and the training forward over the same tokens selects those sets (same weights), or attends to
-them exactly under replay. The in-process engine's record/replay: tests/glm5/train/test_topk_replay.py."""
+installed in each worker by the engine's worker extension, rows mapped to requests through the model
+runner's input batch), and the training forward over the same tokens selects those sets (same weights),
+or attends to them exactly under replay.
+The in-process engine's record/replay: tests/glm5/train/test_topk_replay.py."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def test_vllm_engine_records_the_indexer_topk_per_request(tmp_path, tp):
     if not available(BACKEND):
         pytest.skip(f"backend {BACKEND!r} not available here")
     env = engine_env(BACKEND, **({"VLLM_CPU_OMP_THREADS_BIND": "0|1"} if tp > 1 else {}))
+    env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # the record crosses vLLM's IPC without pickle
     script = Path(__file__).with_name("topk_engine.py")
     r = run_engine(tmp_path, BACKEND, env=env, script=script, tensor_parallel_size=tp)
     assert r["shape"] == [6, 6, 3, 16], r  # [requests, generated tokens, indexer layers, index_topk]
