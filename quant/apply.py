@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from glm5.core.checkpoint import STACKED_EXPERTS
+from glm5.core.checkpoint import hf_names
 from glm5.core.moe import Experts
 from quant.gptq import gptq_quantize
 from quant.modules import QuantExperts, QuantLinear
@@ -58,16 +58,8 @@ def plan_model(model: nn.Module, recipe: Recipe) -> dict[str, Scheme]:
 
 def hf_tensor_names(model: nn.Module) -> Iterator[tuple[str, str]]:
     """(checkpoint tensor name, owning module name) of every float tensor the model stores."""
-    tied = model.config.tie_word_embeddings
-    for name, p in model.state_dict(keep_vars=True).items():
-        if tied and name == "lm_head.weight":
-            continue
-        m = STACKED_EXPERTS.match(name)
-        if m:
-            for e in range(p.shape[0]):
-                yield f"{m.group(1)}.{e}.{m.group(2)}.weight", f"{m.group(1)}.{e}.{m.group(2)}"
-        else:
-            yield name, name.rsplit(".", 1)[0]
+    for hf, _, _ in hf_names(model):
+        yield hf, hf.rsplit(".", 1)[0]
 
 
 def tensor_schemes(model: nn.Module, plan: dict[str, Scheme]) -> dict[str, str]:

@@ -28,9 +28,9 @@ from glm5.core.checkpoint import (
     FLOAT_DTYPES,
     CheckpointError,
     ShardWriter,
-    _hf_names,
     _shared_copies,
     check_shared_copy,
+    hf_names,
     read_config,
     without_absent_mtp,
 )
@@ -83,7 +83,7 @@ def _materialize(
     for m in modules:
         m.to_empty(device=model.backend.device)
     params = model.state_dict(keep_vars=True)
-    for hf, sd, e in _hf_names(model):
+    for hf, sd, e in hf_names(model):
         if scope(sd.rsplit(".", 1)[0]):
             (params[sd][e] if e is not None else params[sd]).copy_(reader.get(hf, FLOAT_DTYPES))
     for hf, sd in copies.items():

@@ -129,7 +129,7 @@ class TensorFiles:
         self._h.clear()
 
 
-def _hf_names(model: torch.nn.Module) -> Iterator[tuple[str, str, int | None]]:
+def hf_names(model: torch.nn.Module) -> Iterator[tuple[str, str, int | None]]:
     """(checkpoint name, model state_dict name, expert index or None) for every stored tensor."""
     tied = model.config.tie_word_embeddings
     for name, p in model.state_dict(keep_vars=True).items():
@@ -273,7 +273,7 @@ def expected_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     params = model.state_dict(keep_vars=True)
     return {
         hf: tuple(params[sd].shape[1:] if e is not None else params[sd].shape)
-        for hf, sd, e in _hf_names(model)
+        for hf, sd, e in hf_names(model)
     }
 
 
@@ -322,7 +322,7 @@ def load_pretrained(
     with torch.device("meta"):
         model = cls(config, backend=backend, dtype=dtype)
     device = model.backend.device
-    expected = {hf: (sd, e) for hf, sd, e in _hf_names(model)}
+    expected = {hf: (sd, e) for hf, sd, e in hf_names(model)}
     copies = _shared_copies(config)
     missing, unexpected, mismatched = fit_report(model, wmap, files.shape, copies)
     if missing or mismatched or (unexpected and strict):
@@ -346,7 +346,7 @@ def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     params = model.state_dict()
     return {
         hf: (params[sd][e] if e is not None else params[sd]).detach().to("cpu").contiguous().clone()
-        for hf, sd, e in _hf_names(model)
+        for hf, sd, e in hf_names(model)
     }
 
 

@@ -1,6 +1,6 @@
 """GLM-5 weights through vLLM's weight iterator, each rank keeping only its slice.
 
-The checkpoint names are glm5/core/checkpoint.py's (`_hf_names`: per-expert tensors stacked into the
+The checkpoint names are glm5/core/checkpoint.py's (`hf_names`: per-expert tensors stacked into the
 `STACKED_EXPERTS` parameters, the DeepSeek-style MTP copies of the embedding and head); those of the
 quantized linears (compressed-tensors, msModelSlim, GLM-5-FP8) are their formats'
 (glm5/vllm/quant_weights.py).
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from glm5.core.checkpoint import FLOAT_DTYPES, CheckpointError, _hf_names, _shared_copies
+from glm5.core.checkpoint import FLOAT_DTYPES, CheckpointError, _shared_copies, hf_names
 from glm5.parallel.group import Group
 from glm5.parallel.plan import ShardInfo, apply, local_slice
 from glm5.vllm import quant_weights
@@ -39,7 +39,7 @@ class CheckpointNames:
         qprefix = tuple(f"{t.module}." for t in self.targets.values() if not t.dequant)
         self.params = {
             hf: (sd, e)
-            for hf, sd, e in _hf_names(model)
+            for hf, sd, e in hf_names(model)
             if hf not in self.quant and not sd.startswith(qprefix)
         }
         self.copies = _shared_copies(model.config)  # repeated tensors: accepted, not loaded twice

@@ -102,12 +102,12 @@ def inventory_plan(model: nn.Module) -> dict[str, Any]:
 def tensors(model: nn.Module, scope: Scope = None) -> dict[str, torch.Tensor]:
     """The GLM-5-FP8 checkpoint tensors of the modules in `scope` (all by default): the FP8 targets
     block-quantized (or copied when already FP8), everything else as the model holds it."""
-    from glm5.core.checkpoint import _hf_names
+    from glm5.core.checkpoint import hf_names
 
     params = model.state_dict()
     out = {
         hf: (params[sd][e] if e is not None else params[sd]).detach().cpu().contiguous().clone()
-        for hf, sd, e in _hf_names(model)
+        for hf, sd, e in hf_names(model)
         if scope is None or scope(sd.rsplit(".", 1)[0])
     }
     for name, mod in fp8_targets(model):
@@ -279,7 +279,7 @@ def _fill(
 ) -> None:
     """Fill the model whose FP8 targets are `swapped` in; names, shapes and leftovers were checked by
     `reader.fit`, dtypes and finiteness are checked as each tensor is read."""
-    from glm5.core.checkpoint import _hf_names, check_shared_copy
+    from glm5.core.checkpoint import check_shared_copy, hf_names
 
     for name, mod in swapped.items():
         if isinstance(mod, FP8Linear):
@@ -293,7 +293,7 @@ def _fill(
                     mod.set_fp8(e, p, *reader.fp8_pair(f"{name}.{e}.{p}.weight"))
     prefixes = tuple(f"{n}." for n in swapped)
     params = model.state_dict(keep_vars=True)
-    for hf, sd, e in _hf_names(model):
+    for hf, sd, e in hf_names(model):
         if hf.startswith(prefixes) or sd not in params:
             continue
         t = reader.get(hf)
