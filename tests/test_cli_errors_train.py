@@ -224,6 +224,15 @@ def test_sequences_past_the_models_positions_are_refused_before_building(tmp_pat
     assert not (tmp_path / "o").exists()
 
 
+def test_layout_invariant_with_experts_split_by_tp_is_refused_before_any_rank_starts(tmp_path):
+    """The mode has no exact product for experts split on their intermediate dim: one line, exit 2, before
+    the launcher (it used to fail inside each rank, behind the launcher's traceback and exit code)."""
+    extra = ["--stage", "rl", "--rollout-engine", "policy", "--layout-invariant", "--nproc", "2"]
+    res = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "o"), *ARGS, *extra, "--mesh", "tp=2"])
+    _one_error(res, 2, "'--mesh'", "ep=N")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("name", ["optimizer.safetensors", "rng.safetensors", "optimizer.json"])
 def test_resume_from_a_broken_trainer_file_is_one_line_naming_it(run3, tmp_path, name):
     out = tmp_path / "run"

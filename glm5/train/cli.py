@@ -309,7 +309,7 @@ def train(
                 "--rollout-engine policy)",
                 param_hint="'--rollout-engine'",
             )
-    parallel = parallel_options(nproc, mesh, stage, batch_size)
+    parallel = parallel_options(nproc, mesh, stage, batch_size, layout_invariant)
     microbatches = pipeline_options(
         parallel,
         stage,

@@ -56,9 +56,12 @@ def run_dir(out: str, resume: bool) -> Path:
     return path
 
 
-def parallel_options(nproc: int, mesh: str | None, stage: str, batch_size: int):
-    """The Mesh of a run on several processes (None for one), checked against --nproc, --stage and
-    --batch-size in one line naming the option. Under torchrun, --nproc defaults to its WORLD_SIZE."""
+def parallel_options(
+    nproc: int, mesh: str | None, stage: str, batch_size: int, layout_invariant: bool = False
+):
+    """The Mesh of a run on several processes (None for one), checked against --nproc, --stage,
+    --batch-size and --layout-invariant in one line naming the option (before any rank starts). Under
+    torchrun, --nproc defaults to its WORLD_SIZE."""
     from glm5.train.distributed import under_torchrun
     from glm5.train.mesh import Mesh, check_mesh, parse_mesh
 
@@ -75,6 +78,12 @@ def parallel_options(nproc: int, mesh: str | None, stage: str, batch_size: int):
         check_mesh(parsed, nproc)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--mesh'") from None
+    if layout_invariant and parsed.tp > 1:
+        raise click.BadParameter(
+            f"tp={parsed.tp} splits the experts on their intermediate dim, which has no exact split product "
+            "in the layout-invariant mode; use ep=N (whole experts per rank), which is invariant",
+            param_hint="'--mesh'",
+        )
     if nproc == 1:
         return None
     if batch_size % parsed.dp:
