@@ -200,8 +200,9 @@ def tile_schedule(
 def _config(variant: int, m: int, e: int) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)."""
     if interpreter_active():
-        # few, big programs (the interpreter's cost is per operation); a fixed tile keeps float rows
-        # batch-invariant there too
+        # few, big programs (the interpreter's cost is per operation); NumPy's BLAS sums a tile's rows in
+        # an order that depends on the tile, so float rows are not claimed batch-invariant there
+        # (backends/cuda/_tiles.py)
         return 32, 256, 128, 4, 1
     if variant == FLOAT:
         # One fixed tile for float so a row's fp32 sum order never depends on the batch (batch invariance).

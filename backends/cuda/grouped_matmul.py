@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.cuda._tiles import SHARED_TILE_NOTE, SHARED_TILE_ROWS_INVARIANT
 from backends.cuda.w4a8_matmul import MAX_GROUP
 from backends.cuda.w8a8_matmul import MAX_K
 from backends.limits import Limit
@@ -57,7 +58,8 @@ IMPL = OpImpl(
         FLOATS + ("w8a8", "w4a8"),
         limits=LIMITS,
         differentiable=True,
-        notes={"launches": "one for all experts (backward: two)"},
+        notes={"launches": "one for all experts (backward: two)", **SHARED_TILE_NOTE},
+        batch_invariant=SHARED_TILE_ROWS_INVARIANT,
     ),
     backward=backward,
 )
