@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -131,8 +131,13 @@ class TensorFiles:
 
 def hf_names(model: torch.nn.Module) -> Iterator[tuple[str, str, int | None]]:
     """(checkpoint name, model state_dict name, expert index or None) for every stored tensor."""
-    tied = model.config.tie_word_embeddings
-    for name, p in model.state_dict(keep_vars=True).items():
+    yield from state_hf_names(model.state_dict(keep_vars=True), model.config.tie_word_embeddings)
+
+
+def state_hf_names(state: Mapping[str, torch.Tensor], tied: bool) -> Iterator[tuple[str, str, int | None]]:
+    """`hf_names` of a model's state dict (e.g. one gathered from shards): stacked experts unstacked, a
+    tied head left out."""
+    for name, p in state.items():
         if tied and name == "lm_head.weight":
             continue
         m = STACKED_EXPERTS.match(name)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from glm5.core.checkpoint import STACKED_EXPERTS
+from glm5.core.checkpoint import state_hf_names
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
@@ -47,17 +47,10 @@ class RolloutEngine(Protocol):
 def checkpoint_tensors(state: dict[str, torch.Tensor], tied: bool) -> NamedTensors:
     """A whole model's state dict -> (checkpoint name, CPU copy) pairs: stacked experts unstacked, a tied
     head left out (what `update_weights` of the vLLM plugin and `PolicyEngine.push` take)."""
-    out: NamedTensors = []
-    for name, t in state.items():
-        if tied and name == "lm_head.weight":
-            continue
-        t = t.detach().to("cpu")
-        m = STACKED_EXPERTS.match(name)
-        if m:
-            out += [(f"{m.group(1)}.{e}.{m.group(2)}.weight", t[e].clone()) for e in range(t.shape[0])]
-        else:
-            out.append((name, t.clone()))
-    return out
+    return [
+        (hf, (state[name] if e is None else state[name][e]).detach().to("cpu").clone())
+        for hf, name, e in state_hf_names(state, tied)
+    ]
 
 
 def policy_tensors(trainer) -> NamedTensors | None:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from glm5.core.checkpoint import FLOAT_DTYPES, STACKED_EXPERTS, TensorFiles, fit_report, write_shards
+from glm5.core.checkpoint import FLOAT_DTYPES, TensorFiles, fit_report, hf_names, write_shards
 from quant.apply import EXPERT_PROJS
 from quant.modules import QuantExperts, QuantLinear
 from quant.recipe import Scheme
@@ -49,18 +49,10 @@ def float_entries(model: nn.Module, scope: Scope = None) -> Iterator[tuple[str, 
     """(checkpoint name, state_dict name, expert index) of every float tensor (quantized modules excluded)
     in `scope` (a predicate on the owning module's name)."""
     qprefix = tuple(f"{n}." for n, m in model.named_modules() if isinstance(m, (QuantLinear, QuantExperts)))
-    tied = model.config.tie_word_embeddings
-    for name, t in model.state_dict(keep_vars=True).items():
-        if name.startswith(qprefix) or (tied and name == "lm_head.weight"):
+    for hf, name, e in hf_names(model):
+        if name.startswith(qprefix) or (scope is not None and not scope(name.rsplit(".", 1)[0])):
             continue
-        if scope is not None and not scope(name.rsplit(".", 1)[0]):
-            continue
-        m = STACKED_EXPERTS.match(name)
-        if m:
-            for e in range(t.shape[0]):
-                yield f"{m.group(1)}.{e}.{m.group(2)}.weight", name, e
-        else:
-            yield name, name, None
+        yield hf, name, e
 
 
 def float_tensors(model: nn.Module, scope: Scope = None) -> dict[str, torch.Tensor]:
