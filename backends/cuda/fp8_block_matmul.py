@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from backends.caps import OpCaps, OpImpl
-from backends.cuda._tiles import SHARED_TILE_NOTE, SHARED_TILE_ROWS_INVARIANT
-from backends.cuda.fp8_common import fp8_reasons
-from backends.ops import FLOATS
+from backends.caps import OpImpl
+from backends.cuda.fp8_common import GEMM_CAPS
 from kernels_cuda.fp8_gemm import fp8_block_matmul as _kernel
 
 
@@ -25,12 +23,4 @@ def fp8_block_matmul(
     return _kernel(x_q, x_scale, w_q, w_scale_inv, None if bias is None else bias.contiguous(), out_dtype)
 
 
-IMPL = OpImpl(
-    fp8_block_matmul,
-    OpCaps(
-        FLOATS,
-        notes={"GPU": "sm_89+", **SHARED_TILE_NOTE},
-        check=fp8_reasons,
-        batch_invariant=SHARED_TILE_ROWS_INVARIANT,
-    ),
-)
+IMPL = OpImpl(fp8_block_matmul, GEMM_CAPS)

@@ -6,6 +6,10 @@ from typing import Any
 
 import torch
 
+from backends.caps import OpCaps
+from backends.cuda._tiles import SHARED_TILE_NOTE, SHARED_TILE_ROWS_INVARIANT
+from backends.ops import FLOATS
+
 #: e4m3 tensor-core dots: sm_89 (Ada) and sm_90+ (Hopper, Blackwell)
 MIN_CAPABILITY = (8, 9)
 
@@ -27,3 +31,13 @@ def chain(*checks):
         return [r for c in checks for r in c(args)]
 
     return check
+
+
+#: what fp8_block_matmul and fp8_grouped_matmul promise: e4m3 dots on sm_89+ (or the interpreter), rows of
+#: several tokens in one tile (backends/cuda/_tiles.py)
+GEMM_CAPS = OpCaps(
+    FLOATS,
+    notes={"GPU": "sm_89+", **SHARED_TILE_NOTE},
+    check=fp8_reasons,
+    batch_invariant=SHARED_TILE_ROWS_INVARIANT,
+)
