@@ -6,16 +6,9 @@ when `backends.interface` is imported.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from backends.layout import SeqLayout
-
-
-def _args(names: dict[str, Any]) -> dict[str, Any]:
-    """A method's arguments by name (its `locals()` on entry, without self)."""
-    return {k: v for k, v in names.items() if k != "self"}
 
 
 class ContractOps:
@@ -29,7 +22,9 @@ class ContractOps:
         Returns [T, max(seqlens_k)] float32; -inf where the key is not causal for the query.
         Semantics: backends/reference/indexer_logits.py (SPEC 2.1)
         """
-        return self._call("indexer_logits", _args(locals()))
+        return self._call(
+            "indexer_logits", {"q": q, "k_cache": k_cache, "weights": weights, "layout": layout}
+        )
 
     def indexer_topk(
         self, q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, layout: SeqLayout, topk: int
@@ -40,7 +35,9 @@ class ContractOps:
         deterministic rule (value desc, lower index first), -1 past the number of causal keys.
         Semantics: backends/reference/indexer_topk.py (SPEC 2.2)
         """
-        return self._call("indexer_topk", _args(locals()))
+        return self._call(
+            "indexer_topk", {"q": q, "k_cache": k_cache, "weights": weights, "layout": layout, "topk": topk}
+        )
 
     def topk(
         self, x: torch.Tensor, k: int, lengths: torch.Tensor | None = None
@@ -51,7 +48,7 @@ class ContractOps:
         Returns (values [R, k] dtype of x, indices int32 [R, k]); -inf / -1 past the candidates.
         Semantics: backends/reference/topk.py (SPEC 2.3)
         """
-        return self._call("topk", _args(locals()))
+        return self._call("topk", {"x": x, "k": k, "lengths": lengths})
 
     def sparse_mla_attention(
         self,
@@ -71,7 +68,18 @@ class ContractOps:
         return_lse=False (inference): lse is None, and a backend may take a path that cannot produce it.
         Semantics: backends/reference/sparse_mla_attention.py (SPEC 2.4)
         """
-        return self._call("sparse_mla_attention", _args(locals()))
+        return self._call(
+            "sparse_mla_attention",
+            {
+                "q": q,
+                "kv_cache": kv_cache,
+                "indices": indices,
+                "layout": layout,
+                "sm_scale": sm_scale,
+                "d_v": d_v,
+                "return_lse": return_lse,
+            },
+        )
 
     def dynamic_quant_int8(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-row symmetric int8 quantization (SPEC 2.5).
@@ -79,7 +87,7 @@ class ContractOps:
         x: [M, K] float. Returns (x_q int8 [M, K], scale float32 [M]).
         Semantics: backends/reference/dynamic_quant_int8.py (SPEC 2.5)
         """
-        return self._call("dynamic_quant_int8", _args(locals()))
+        return self._call("dynamic_quant_int8", {"x": x})
 
     def w8a8_matmul(
         self,
@@ -96,7 +104,17 @@ class ContractOps:
         Returns [M, N] out_dtype.
         Semantics: backends/reference/w8a8_matmul.py (SPEC 2.6)
         """
-        return self._call("w8a8_matmul", _args(locals()))
+        return self._call(
+            "w8a8_matmul",
+            {
+                "x_q": x_q,
+                "x_scale": x_scale,
+                "w_q": w_q,
+                "w_scale": w_scale,
+                "bias": bias,
+                "out_dtype": out_dtype,
+            },
+        )
 
     def w4a8_matmul(
         self,
@@ -114,7 +132,18 @@ class ContractOps:
         w_scale: float32 [N, K // group_size]; bias: [N] or None. Returns [M, N] out_dtype.
         Semantics: backends/reference/w4a8_matmul.py (SPEC 2.7)
         """
-        return self._call("w4a8_matmul", _args(locals()))
+        return self._call(
+            "w4a8_matmul",
+            {
+                "x_q": x_q,
+                "x_scale": x_scale,
+                "w_packed": w_packed,
+                "w_scale": w_scale,
+                "group_size": group_size,
+                "bias": bias,
+                "out_dtype": out_dtype,
+            },
+        )
 
     def grouped_matmul(
         self,
@@ -136,7 +165,18 @@ class ContractOps:
                  w_scale f32 [E, N, K // group_size]; returns out_dtype.
         Semantics: backends/reference/grouped_matmul.py (SPEC 2.8)
         """
-        return self._call("grouped_matmul", _args(locals()))
+        return self._call(
+            "grouped_matmul",
+            {
+                "x": x,
+                "w": w,
+                "group_offsets": group_offsets,
+                "x_scale": x_scale,
+                "w_scale": w_scale,
+                "group_size": group_size,
+                "out_dtype": out_dtype,
+            },
+        )
 
     def linear_cross_entropy(
         self, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
@@ -147,11 +187,14 @@ class ContractOps:
         differentiable in h and weight. No counted target (all ignore_index, or N == 0): NaN, as torch.
         Semantics: backends/reference/linear_cross_entropy.py (SPEC 2.9)
         """
-        return self._call("linear_cross_entropy", _args(locals()))
+        return self._call(
+            "linear_cross_entropy",
+            {"h": h, "weight": weight, "targets": targets, "ignore_index": ignore_index},
+        )
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU's activation on a fused gate-up projection (SPEC 2.10): x [M, 2N] float = [gate | up]
         -> silu(gate) * up [M, N], dtype of x; differentiable in x.
         Semantics: backends/reference/silu_and_mul.py (SPEC 2.10)
         """
-        return self._call("silu_and_mul", _args(locals()))
+        return self._call("silu_and_mul", {"x": x})

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 #: threshold of a row whose buffer is not full yet: below every int32 key
-NO_THRESHOLD = -(2**32)
+NO_THRESHOLD = tl.constexpr(-(2**32))
 
 
 @triton.jit

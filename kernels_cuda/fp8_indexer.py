@@ -3,9 +3,10 @@ one fp32 scale per key (DeepSeek-V3.2 `fp8_index`, DeepGEMM `fp8_mqa_logits` / `
 
 The kernels are the bf16 indexer's (kernels_cuda/indexer_logits.py, kernels_cuda/indexer_topk.py; a tile's
 (query, head) rows are the M side of one dot, keys read through the layout in the kernel) with the per-key
-scale switched on, and an fp8 dot:
-    dots = tl.dot(q8 [BLOCK_T*HP, BD], k8^T [BD, BS]) -> fp32 (e4m3 x e4m3 on sm_89+; exact products
-           summed in fp32 under the interpreter),
+scale switched on; the e4m3 operands are widened to fp16 (exactly) for the dot:
+    dots = tl.dot(fp16(q8) [BLOCK_T*HP, BD], fp16(k8)^T [BD, BS]) -> fp32 (exact products summed in fp32;
+           the native e4m3 dot of an H200 missed SPEC 7.4's tolerance by ~1e-4 relative on the first device
+           run, 2026-12-04: its accumulator is narrower than fp32, as DeepSeek-V3's report describes),
     logits = k_scale[row] * sum_h weights[t, h] * relu(dots)          (scale after the head sum, as fp8_index)
 -inf where not causal. fp32 results agree with the fp64 reference to rounding, not bitwise.
 Top-k: the fused kernel of kernels_cuda/indexer_topk.py scores the same way (the per-key scale after the

@@ -18,7 +18,7 @@ import triton.language as tl
 from kernels_cuda._launches import count_launch
 
 E4M3_MAX = 448.0
-_RNE_MAGIC = 12582912.0  # 1.5 * 2**23: x + M - M rounds |x| < 2**22 to an integer, half to even
+_RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + M - M rounds |x| < 2**22 to an integer, half to even
 
 
 @triton.jit
