@@ -113,12 +113,15 @@ class Dist:
         world = dist.get_world_size()
         if world != mesh.size:
             raise ValueError(f"mesh: {mesh} covers {mesh.size} processes, the run has {world}")
-        if mesh.dp > 1 and mesh.model_axis is not None:
+        if mesh.dp > 1 and mesh.model_axis is not None and not mesh.ep_over_dp:
             axis = mesh.model_axis
             dm = init_device_mesh(device.type, (mesh.dp, world // mesh.dp), mesh_dim_names=("dp", axis))
         else:
             dm = init_device_mesh(device.type, (world,), mesh_dim_names=(mesh.axis,))
-        return cls(mesh, zero, dm, dist.get_rank(), world)
+        d = cls(mesh, zero, dm, dist.get_rank(), world)
+        if mesh.ep_over_dp:  # every rank makes it, once, in the same order
+            d._ep_group = dist.new_group(list(range(world)))
+        return d
 
     @property
     def two_d(self) -> bool:
@@ -135,9 +138,15 @@ class Dist:
 
     @property
     def model_group(self) -> dist.ProcessGroup | None:
-        """The process group the plan splits the model over (None without tp / ep)."""
+        """The process group the plan splits the model over (None without tp / ep). Experts across the dp
+        ranks: a group of its own over the same ranks (made in `setup`), so the dispatch's all-to-alls never
+        share a communicator with FSDP2's prefetched all-gathers."""
         axis = self.mesh.model_axis
+        if self.mesh.ep_over_dp:
+            return self._ep_group
         return None if axis is None else self.device_mesh.get_group(axis)
+
+    _ep_group: dist.ProcessGroup | None = None
 
     @classmethod
     def for_run(
@@ -205,6 +214,8 @@ class Dist:
             group = TorchGroup(self.model_group)
             if self.mesh.model_axis == "tp":
                 apply(model, tp=group)
+            elif self.mesh.ep_over_dp:
+                apply(model, tp=Single(), ep=group, ep_tokens="local")
             else:
                 apply(model, tp=Single(), ep=group)
         if self.mesh.dp == 1:
@@ -215,7 +226,16 @@ class Dist:
                         p.glm5_replicas = group
             return
         dp_mesh = self.device_mesh["dp"] if self.two_d else self.device_mesh
-        ignored = {p for n, p in model.named_parameters() if ".indexer." in n} if frozen_base else None
+        ignored = {p for n, p in model.named_parameters() if ".indexer." in n} if frozen_base else set()
+        if self.mesh.ep_over_dp:
+            # each rank's experts are its own (not copies FSDP could shard): out of FSDP; their gradient
+            # already sums every rank's tokens (the dispatch's backward), so it is divided by dp here, as
+            # FSDP2 divides the others, to be the gradient of the mean of the ranks' losses
+            experts = [p for p in model.parameters() if getattr(p, "glm5_shard", None) is not None]
+            for p in experts:
+                p.register_hook(lambda g: g / self.mesh.dp)
+            ignored |= set(experts)
+        ignored = ignored or None
         reshard = self.zero == 3
         # the model returns views (e.g. its loss); nothing here modifies them in place
         warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor")
@@ -238,7 +258,7 @@ class Dist:
         for name, p in model.named_parameters():
             if name in plan:
                 p.glm5_shard = plan[name]
-            elif isinstance(p, DTensor):
+            elif isinstance(p, DTensor) and not self.mesh.ep_over_dp:  # ep over dp: FSDP shards, no copies
                 p.glm5_replicas = copies
         # in a forward the unit's gathered parameters are registered, new tensors FSDP2 made: they carry
         # the ShardInfo too (the indexer KL's teacher finds the tp group of q_b_proj by it)
@@ -306,7 +326,8 @@ class Dist:
 
         group = TorchGroup(self.dp_group)
         for p in params:
-            if p.grad is not None and not isinstance(p, DTensor):
+            # a rank's own experts (ep over dp) are not copies: their gradient is whole already
+            if p.grad is not None and not isinstance(p, DTensor) and getattr(p, "glm5_shard", None) is None:
                 p.grad.copy_(group.all_reduce(p.grad / self.mesh.dp))
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
