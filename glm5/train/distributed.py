@@ -1,4 +1,4 @@
-"""`glm5 train --nproc N --mesh dp=N|tp=N|ep=N|dp=D,tp=T|dp=D,ep=E`: training on N processes with
+"""`glm5 train --nproc N --mesh dp=N|tp=N|ep=N|dp=D,tp=T|dp=N,ep=N`: training on N processes with
 torch.distributed.
 
 - `launch` re-runs the command line (sys.argv) under torchrun's launcher (`elastic_launch`), one
@@ -9,8 +9,10 @@ torch.distributed.
   `lm_head.weight` after the model's forward returned, so the root keeps them gathered until its
   backward). ZeRO-3 frees each layer's gathered parameters after its forward
   (reshard_after_forward=True), ZeRO-2 keeps them to the backward; gradients and optimizer state are
-  sharded either way. With tp or ep: the one parallel plan, glm5/parallel/plan.py. A 2-D mesh (dp x tp,
-  dp x ep; DeviceMesh (dp, tp|ep), the model axis inner): the plan over the tp / ep sub-group first, then
+  sharded either way. With tp or ep: the one parallel plan, glm5/parallel/plan.py. dp=N,ep=N: the experts
+  across the dp ranks (a 1-D dp mesh; the plan's expert split over the same ranks, each with its own
+  tokens: `ep_tokens="local"`), the experts out of FSDP2. A 2-D mesh (dp x tp; DeviceMesh (dp, tp), the
+  model axis inner): the plan over the tp / ep sub-group first, then
   FSDP2 over the dp sub-mesh on each rank's slices; the plan's ShardInfo (`p.glm5_shard`, which FSDP2's
   new parameters do not carry) is attached again, and each parameter the plan left whole carries
   `p.glm5_replicas` (the tp / ep group holding copies of it), so DistributedMuon and the checkpoints see

@@ -1,7 +1,7 @@
 """Expert parallel on the dispatch (SPEC 11.1) in the whole model, 2 gloo ranks: experts across ranks that
 hold different tokens (data-parallel ranks, `ep_tokens="local"`: training's `dp=2,ep=2`) against one
-process on each rank's tokens (logits bitwise on the reference backend, loss and every gradient), and
-the masked decode mode (bitwise with room, drops counted without)."""
+process on each rank's tokens (logits bitwise on the reference backend, loss and every gradient; the
+layout-invariant mode's bits), and the masked decode mode (bitwise with room, drops counted without)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel import plan
 from glm5.parallel.group import Single, TorchGroup
+from glm5.parallel.invariant import layout_invariant
 from tests.ranks import run_ranks
 
 
@@ -48,6 +49,10 @@ def _rank(rank: int, world: int) -> dict:
         with torch.no_grad():
             logits = model(_ids(rank)).logits
         out[name] = (logits, sum(int(e.ep_dropped) for e in _experts(model)))
+    model = _model()
+    plan.apply(model, tp=Single(), ep=TorchGroup(), ep_tokens="local")
+    with torch.no_grad(), layout_invariant(model.backend):
+        out["invariant"] = model(_ids(rank)).logits
     return out
 
 
@@ -72,6 +77,10 @@ def test_experts_across_ranks_with_their_own_tokens_match_one_process():
         # one row per expert and source rank: slots drop, are counted, and the output moves
         assert r["tight"][1] > 0
         assert not torch.equal(r["tight"][0], ref_logits)
+        # the layout-invariant mode (SPEC 12) across this layout: one process's bits in the mode
+        model = _model()
+        with torch.no_grad(), layout_invariant(model.backend):
+            assert torch.equal(r["invariant"], model(_ids(rank)).logits)
 
 
 def test_plan_refuses_a_bad_expert_layout_in_one_line():
