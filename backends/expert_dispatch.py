@@ -8,9 +8,9 @@
 
 `group` is any object with the `Group` protocol of glm5/parallel/group.py (rank, size, all_to_all with
 variable splits): torch.distributed's gloo / NCCL / HCCL or vLLM's coordinators. Rank r holds experts
-[r L, (r + 1) L) with L = n_experts / size. A backend maps the same steps to its fused kernels
-(DeepEP's normal and low-latency modes, Ascend's MC2 dispatch / combine): the handle `h` is what its
-combine reads back.
+[r L, (r + 1) L) with L = n_experts / size. A host with fused kernels for the exchange (DeepEP's
+normal and low-latency modes, Ascend's MC2 dispatch / combine) gives its group an `expert_steps` object
+with these three functions; the handle `h` is whatever its combine reads back.
 
 Two modes:
 - contiguous (capacity None; prefill, training): the split sizes are exchanged and read on the host

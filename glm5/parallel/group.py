@@ -55,6 +55,10 @@ class Group(Protocol):
         """Rows x[sum(send[:s]) : sum(send[:s+1])] go to rank s; the result holds recv[s] rows from
         each rank s, in rank order: [sum(recv), ...]. send / recv are host ints (variable splits)."""
 
+    # optional: `expert_steps`, an object with `layout`, `dispatch` and `combine` as in
+    # backends/expert_dispatch.py (SPEC 11.1), for a host whose fused kernels (DeepEP, Ascend MC2) do
+    # expert parallel's exchange; without it the plan runs the reference steps on `all_to_all`
+
 
 def exact_sums() -> bool:
     """True where sums over ranks must be the fixed rank-order ones: the layout-invariant mode and

@@ -269,9 +269,11 @@ class ExpertParallel(nn.Module):
 
     def _routed(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
         g = self.ep_group
-        lay = expert_dispatch.layout(ids, self.ep_local * g.size)
-        got, d, h = expert_dispatch.dispatch(x, lay, g, self.ep_capacity)
-        y = expert_dispatch.combine(self.rows(got, d, be), w, h, g)
+        # a host with fused kernels (DeepEP, MC2) offers the same three steps on its group
+        steps = getattr(g, "expert_steps", None) or expert_dispatch
+        lay = steps.layout(ids, self.ep_local * g.size)
+        got, d, h = steps.dispatch(x, lay, g, self.ep_capacity)
+        y = steps.combine(self.rows(got, d, be), w, h, g)
         if self.ep_capacity is not None:
             self.ep_dropped = self.ep_dropped.to(h.dropped.device) + h.dropped
         return y

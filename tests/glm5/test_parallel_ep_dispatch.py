@@ -97,3 +97,42 @@ def test_plan_refuses_a_bad_expert_layout_in_one_line():
 
     with pytest.raises(plan.PlanError, match=r"^n_routed_experts: 8 does not split over 3 ranks$"):
         plan.apply(_model(), tp=Single(), ep=Three())
+
+
+class _Steps:
+    """A host's own steps (as a DeepEP / MC2 host would give): the reference's, counted."""
+
+    def __init__(self) -> None:
+        from backends import expert_dispatch
+
+        self.ref, self.calls = expert_dispatch, []
+
+    def layout(self, ids, n_experts):
+        self.calls.append("layout")
+        return self.ref.layout(ids, n_experts)
+
+    def dispatch(self, x, lay, group, capacity=None):
+        self.calls.append("dispatch")
+        return self.ref.dispatch(x, lay, group, capacity)
+
+    def combine(self, ys, weights, h, group):
+        self.calls.append("combine")
+        return self.ref.combine(ys, weights, h, group)
+
+
+def test_a_group_with_its_own_expert_steps_runs_them():
+    class Alone:  # a 1-rank expert group: every expert here, its exchange the identity
+        rank, size = 0, 1
+
+        def all_to_all(self, x, send, recv):
+            return x
+
+    group = Alone()
+    group.expert_steps = _Steps()
+    model = _model()
+    plan._expert_parallel(model.model.layers[1].mlp.experts, group, "local", None)
+    with torch.no_grad():
+        got = model(_ids(0)).logits
+        want = _model()(_ids(0)).logits
+    assert group.expert_steps.calls == ["layout", "dispatch", "combine"]
+    assert torch.equal(got, want)
