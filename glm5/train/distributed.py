@@ -9,11 +9,10 @@ torch.distributed.
   `lm_head.weight` after the model's forward returned, so the root keeps them gathered until its
   backward). ZeRO-3 frees each layer's gathered parameters after its forward
   (reshard_after_forward=True), ZeRO-2 keeps them to the backward; gradients and optimizer state are
-  sharded either way. With tp or ep: the one parallel plan, glm5/parallel/plan.py. dp=N,ep=N: the experts
-  across the dp ranks (a 1-D dp mesh; the plan's expert split over the same ranks, each with its own
-  tokens: `ep_tokens="local"`), the experts out of FSDP2. A 2-D mesh (dp x tp; DeviceMesh (dp, tp), the
-  model axis inner): the plan over the tp / ep sub-group first, then
-  FSDP2 over the dp sub-mesh on each rank's slices; the plan's ShardInfo (`p.glm5_shard`, which FSDP2's
+  sharded either way. With tp or ep: the one parallel plan, glm5/parallel/plan.py. dp=N,ep=N: experts
+  split over the dp ranks themselves (`ep_tokens="local"`, a 1-D dp mesh), out of FSDP2. A 2-D mesh
+  (dp x tp; DeviceMesh (dp, tp), the model axis inner): the plan over the tp sub-group first, then FSDP2
+  over the dp sub-mesh on each rank's slices; the plan's ShardInfo (`p.glm5_shard`, which FSDP2's
   new parameters do not carry) is attached again, and each parameter the plan left whole carries
   `p.glm5_replicas` (the tp / ep group holding copies of it), so DistributedMuon and the checkpoints see
   both layouts. Stage warmup at dp > 1: the indexers (its only trainable parameters, whose KL loss never
@@ -121,8 +120,7 @@ class Dist:
         else:
             dm = init_device_mesh(device.type, (world,), mesh_dim_names=(mesh.axis,))
         d = cls(mesh, zero, dm, dist.get_rank(), world)
-        if mesh.ep_over_dp:  # every rank makes it, once, in the same order
-            d._ep_group = dist.new_group(list(range(world)))
+        d._ep_group = dist.new_group(list(range(world))) if mesh.ep_over_dp else None  # every rank, once
         return d
 
     @property
@@ -140,13 +138,11 @@ class Dist:
 
     @property
     def model_group(self) -> dist.ProcessGroup | None:
-        """The process group the plan splits the model over (None without tp / ep). Experts across the dp
-        ranks: a group of its own over the same ranks (made in `setup`), so the dispatch's all-to-alls never
-        share a communicator with FSDP2's prefetched all-gathers."""
-        axis = self.mesh.model_axis
+        """The process group the plan splits the model over (None without tp / ep); ep over dp: a group of its
+        own on the dp ranks (`setup`), so the dispatch never shares a communicator with FSDP2's prefetches."""
         if self.mesh.ep_over_dp:
             return self._ep_group
-        return None if axis is None else self.device_mesh.get_group(axis)
+        return None if self.mesh.model_axis is None else self.device_mesh.get_group(self.mesh.model_axis)
 
     _ep_group: dist.ProcessGroup | None = None
 
@@ -229,10 +225,7 @@ class Dist:
             return
         dp_mesh = self.device_mesh["dp"] if self.two_d else self.device_mesh
         ignored = {p for n, p in model.named_parameters() if ".indexer." in n} if frozen_base else set()
-        if self.mesh.ep_over_dp:
-            # each rank's experts are its own (not copies FSDP could shard): out of FSDP; their gradient
-            # already sums every rank's tokens (the dispatch's backward), so it is divided by dp here, as
-            # FSDP2 divides the others, to be the gradient of the mean of the ranks' losses
+        if self.mesh.ep_over_dp:  # own experts, out of FSDP2; gradient (all ranks' tokens) / dp as FSDP2's
             experts = [p for p in model.parameters() if getattr(p, "glm5_shard", None) is not None]
             for p in experts:
                 p.register_hook(lambda g: g / self.mesh.dp)
@@ -327,8 +320,7 @@ class Dist:
         from glm5.parallel.group import TorchGroup
 
         group = TorchGroup(self.dp_group)
-        for p in params:
-            # a rank's own experts (ep over dp) are not copies: their gradient is whole already
+        for p in params:  # (a plan slice here is a rank's own experts, ep over dp: not a copy)
             if p.grad is not None and not isinstance(p, DTensor) and getattr(p, "glm5_shard", None) is None:
                 p.grad.copy_(group.all_reduce(p.grad / self.mesh.dp))
 
