@@ -1,5 +1,6 @@
-"""The `Group` collectives (glm5/parallel/group.py) on 3 gloo ranks (3, so that the order of a sum shows):
-the host's own sums by default, the fixed rank-order sum on request, variable-split all-to-all."""
+"""The `Group` collectives on 3 gloo ranks (3, so that the order of a sum shows), on both hosts (TorchGroup,
+and VllmGroup over a stand-in for vLLM's GroupCoordinator): the host's own sums by default, the fixed
+rank-order sum on request, variable-split all-to-all."""
 
 from __future__ import annotations
 
@@ -18,8 +19,47 @@ def _x(rank: int, shape=(7, 5)) -> torch.Tensor:
     return torch.randn(shape, generator=g) * 10.0 ** torch.randint(-3, 5, shape, generator=g)
 
 
+class _Coordinator:
+    """vLLM's GroupCoordinator as glm5/vllm/parallel.py uses it (rank_in_group, world_size, device_group,
+    all_gather, an in-place all_reduce, reduce_scatter), on torch.distributed: vLLM is not needed."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.dist, self.device_group = dist, None
+        self.rank_in_group, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.calls: list[str] = []
+
+    def all_gather(self, x, dim):
+        self.calls.append("all_gather")
+        parts = [torch.empty_like(x) for _ in range(self.world_size)]
+        self.dist.all_gather(parts, x)
+        return torch.cat(parts, dim=dim)
+
+    def all_reduce(self, x):
+        self.calls.append("all_reduce")
+        self.dist.all_reduce(x)
+        return x
+
+    def reduce_scatter(self, x, dim):
+        self.calls.append("reduce_scatter")
+        out = x.new_empty((x.shape[0] // self.world_size, *x.shape[1:]))
+        self.dist.reduce_scatter_single(out, x)
+        return out
+
+
 def _rank(rank: int, world: int) -> dict:
-    g = TorchGroup()
+    from glm5.vllm.parallel import VllmGroup
+
+    out = {"torch": _collectives(TorchGroup(), rank)}
+    coordinator = _Coordinator()
+    out["vllm"] = _collectives(VllmGroup(coordinator), rank)
+    out["vllm_int"] = VllmGroup(coordinator).all_reduce(torch.arange(4) * (rank + 1))  # not its dtypes
+    out["vllm_calls"] = sorted(set(coordinator.calls))
+    return out
+
+
+def _collectives(g, rank: int) -> dict:
     x = _x(rank)
     rows = torch.arange(6 * 4, dtype=torch.float32).view(6, 4) + 100 * rank
     send = [[1, 0, 5], [0, 0, 6], [2, 2, 2]][rank]  # rank r sends send[s] rows to rank s
@@ -35,8 +75,16 @@ def _rank(rank: int, world: int) -> dict:
     }
 
 
-def test_sums_all_to_all_and_the_fixed_order():
-    results = run_ranks(_rank, WORLD)
+def test_sums_all_to_all_and_the_fixed_order_on_both_hosts():
+    launched = run_ranks(_rank, WORLD)
+    # vLLM's host: the coordinator's own all_reduce / reduce_scatter / all_gather carry the float sums
+    assert launched[0]["vllm_calls"] == ["all_gather", "all_reduce", "reduce_scatter"]
+    assert all(torch.equal(r["vllm_int"], torch.arange(4) * 6) for r in launched)
+    for host in ("torch", "vllm"):
+        _check([r[host] for r in launched])
+
+
+def _check(results: list) -> None:
     xs = [_x(r) for r in range(WORLD)]
     in_order = sum_in_rank_order(xs)
     assert not torch.equal(in_order, xs[0] + (xs[1] + xs[2]))  # the inputs make the order visible
