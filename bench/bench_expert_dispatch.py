@@ -16,7 +16,9 @@ gloo processes on 127.0.0.1, one thread each, reference backend:
   same ideal;
 - seconds per forward (median of --runs, the max over ranks): EP=2 on the dispatch (both layouts:
   ranks holding the same tokens; experts across data-parallel ranks each holding half the batch), the
-  old every-slot design, and one process. The load average is printed with the figures.
+  old every-slot design, and one process. The load average is printed with the figures, and the median
+  time of one gloo all-to-all of one element (the dispatch makes 3 exchanges per MoE layer, 4 where the
+  ranks hold the same tokens; the old design 1), which bounds the seconds on a small or loaded machine.
 """
 
 from __future__ import annotations
@@ -191,6 +193,8 @@ def _rank(rank: int, world: int, port: int, name: str, tokens: int, runs: int, u
         half = _ids(cfg, tokens // world, 2 + rank)  # experts across dp ranks: half the batch each
         out["local"] = _layout(cfg, half, sum(unsplit["half_rows"]), runs, "local")
         out["balanced"] = _balanced(cfg, rank, world, tokens)
+        one = torch.zeros(world)  # a gloo round trip (one element each way): what bounds the seconds here
+        out["round_trip_s"] = _time(lambda: TorchGroup().all_to_all(one, [1] * world, [1] * world), 20)
     queue.put((rank, out))
     dist.destroy_process_group()
 
@@ -225,6 +229,7 @@ def measure(name: str, tokens: int, runs: int, world: int = 2) -> dict:
         p.join()
     per_rank = [results[r] for r in range(world)]
     row = {"config": name, "tokens": tokens, "ep": world, "single_s": single_s}
+    row["round_trip_s"] = max(r["round_trip_s"] for r in per_rank)
     for key in ("replicated", "local", "old", "balanced"):
         # rows: the busiest rank over the unsplit layer on the batch the group holds; bytes: per rank on
         # average (all ranks' received bytes over all ranks' ideal: routing need not be symmetric); the old
@@ -256,7 +261,8 @@ def main() -> None:
             f"{row['replicated_bytes']:.3f}, dp ranks {row['local_bytes']:.3f}, old design "
             f"{row['old_bytes']:.2f}; s per forward: one process {row['single_s'] * 1e3:.1f} ms, "
             f"EP=2 same tokens {row['replicated_s'] * 1e3:.1f} ms (old design {row['old_s'] * 1e3:.1f} ms), "
-            f"EP=2 dp ranks (half the batch each) {row['local_s'] * 1e3:.1f} ms"
+            f"EP=2 dp ranks (half the batch each) {row['local_s'] * 1e3:.1f} ms; one gloo all-to-all round "
+            f"trip {row['round_trip_s'] * 1e3:.2f} ms"
         )
         if args.json:
             with open(args.json, "a") as f:
