@@ -335,6 +335,6 @@ def unchecked_linear_cross_entropy(args: dict[str, Any]) -> tuple[dict[str, Any]
 UNCHECKED: dict[str, Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]] = {
     "topk": unchecked_topk,
     "grouped_matmul": _unchecked_offsets("x", _offsets_up_to_m),
-    "fp8_grouped_matmul": _unchecked_offsets("x_q"),
+    "fp8_grouped_matmul": _unchecked_offsets("x_q", _offsets_up_to_m),
     "linear_cross_entropy": unchecked_linear_cross_entropy,
 }
