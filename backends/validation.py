@@ -296,24 +296,15 @@ def unchecked_topk(args: dict[str, Any]) -> tuple[dict[str, Any], Finish]:
 
 
 def _defined_offsets(offsets: torch.Tensor, m: int) -> torch.Tensor:
-    """0, then the inner offsets clamped to [0, M] and sorted, then M (ops torch.export and the ONNX
-    export both take: no cummax, no in-place writes)."""
-    inner = offsets[1:-1].clamp(0, m).sort(stable=True).values
-    return torch.nn.functional.pad(torch.nn.functional.pad(inner, (1, 0), value=0), (0, 1), value=m)
-
-
-def _offsets_up_to_m(offsets: torch.Tensor, m: int) -> torch.Tensor:
-    """0, then every later offset clamped to [0, M] and sorted (grouped_matmul: rows past the last
-    offset are padding, SPEC 2.8)."""
+    """0, then every later offset clamped to [0, M] and sorted (rows past the last offset are padding,
+    SPEC 2.8; ops torch.export and the ONNX export both take: no cummax, no in-place writes)."""
     return torch.nn.functional.pad(offsets[1:].clamp(0, m).sort(stable=True).values, (1, 0), value=0)
 
 
-def _unchecked_offsets(
-    rows_arg: str, defined: Callable[[torch.Tensor, int], torch.Tensor] = _defined_offsets
-) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]:
+def _unchecked_offsets(rows_arg: str) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]:
     def unchecked(args: dict[str, Any]) -> tuple[dict[str, Any], Finish]:
         m = args[rows_arg].shape[0]
-        return {**args, "group_offsets": defined(args["group_offsets"], m)}, None
+        return {**args, "group_offsets": _defined_offsets(args["group_offsets"], m)}, None
 
     return unchecked
 
@@ -334,7 +325,7 @@ def unchecked_linear_cross_entropy(args: dict[str, Any]) -> tuple[dict[str, Any]
 #: op -> the mapping the front door applies when value checks do not run
 UNCHECKED: dict[str, Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]] = {
     "topk": unchecked_topk,
-    "grouped_matmul": _unchecked_offsets("x", _offsets_up_to_m),
-    "fp8_grouped_matmul": _unchecked_offsets("x_q", _offsets_up_to_m),
+    "grouped_matmul": _unchecked_offsets("x"),
+    "fp8_grouped_matmul": _unchecked_offsets("x_q"),
     "linear_cross_entropy": unchecked_linear_cross_entropy,
 }
