@@ -39,6 +39,13 @@ def dispatch(ids: torch.Tensor, n_experts: int) -> Dispatch:
     return Dispatch(order, order // k, offsets, inverse, k)
 
 
+def zero_padding_rows(out: torch.Tensor, group_offsets: torch.Tensor) -> torch.Tensor:
+    """out [M, N] with the rows past group_offsets[-1] set to zero, on the device (no host read): SPEC 2.8's
+    padding rows, for a backend whose kernel leaves them unwritten."""
+    rows = torch.arange(out.shape[0], device=out.device)[:, None]
+    return out.masked_fill_(rows >= group_offsets[-1].to(out.device), 0)
+
+
 def combine(y: torch.Tensor, weights: torch.Tensor, d: Dispatch) -> torch.Tensor:
     """y: [T*k, D] expert outputs in sorted order, weights: fp32 [T, k] -> fp32 [T, D]
     sum_j weights[t, j] * y[sorted position of (t, j)], summed over j in slot order."""

@@ -253,10 +253,11 @@ def fp8_grouped_matmul(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """x_q e4m3 [M, K] expert-sorted, w_q e4m3 [E, N, K], w_scale_inv [E, ceil(N/128), ceil(K/128)]:
-    one launch for all experts.  Semantics: backends/reference/fp8_grouped_matmul.py (SPEC 7.3)"""
+    one launch for all experts; rows past the last offset get no tile and stay zero (SPEC 2.8's padding).
+    Semantics: backends/reference/fp8_grouped_matmul.py (SPEC 7.3)"""
     m, k = x_q.shape
     e, n = w_q.shape[0], w_q.shape[1]
-    out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
+    out = torch.zeros((m, n), dtype=out_dtype, device=x_q.device)
     if m == 0 or n == 0:
         return out
     bm, bn, extra = _config()

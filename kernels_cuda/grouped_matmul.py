@@ -226,14 +226,15 @@ def grouped_matmul(
     float: x [M, K], w [E, N, K] same float dtype -> [M, N] out_dtype (default x.dtype);
     W8A8:  x int8 [M, K], x_scale f32 [M], w int8 [E, N, K], w_scale f32 [E, N];
     W4A8:  x int8 [M, K], x_scale f32 [M], w uint8 [E, N, K // 2], w_scale f32 [E, N, K // group_size].
-    group_offsets: int32/int64 [E+1], 0 .. M, non-decreasing.
+    group_offsets: int32/int64 [E+1], 0 .. at most M, non-decreasing; the rows past the last offset
+    (padding) get no tile and are zero (the output starts as one memset, never a host read).
     Semantics: backends/reference/grouped_matmul.py (SPEC 2.8)
     """
     m, k = x.shape
     e, n = w.shape[0], w.shape[1]
     variant = FLOAT if x.dtype.is_floating_point else (W8A8 if w.dtype == torch.int8 else W4A8)
     out_dtype = out_dtype or x.dtype
-    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    out = torch.zeros((m, n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
     bm, bn, bk, warps, stages = _config(variant, m, e)

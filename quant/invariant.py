@@ -56,7 +56,7 @@ def forward(module, x: torch.Tensor) -> torch.Tensor:
     else:
         acc = xq @ w.double().T  # exact: |acc| <= 127 * 127 * K < 2^53
         if group is not None:
-            acc = group.all_reduce(acc)
+            acc = group.all_reduce(acc, exact=True)
         out = acc.float() * x_scale[:, None] * w_scale[None, :, 0]
     if module.bias is not None:
         out = out + module.bias.float()[None, :]

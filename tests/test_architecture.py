@@ -29,6 +29,7 @@ PUBLIC_BACKENDS = {
     "backends.caps",
     "backends.custom_op",
     "backends.errors",
+    "backends.expert_dispatch",
     "backends.formats",
     "backends.hooks",
     "backends.invariant",

@@ -28,6 +28,7 @@ from backends.ascend import _adapters as ad
 from backends.ascend._prepared import k_major
 from backends.ascend._provider import BATCH_INVARIANT, GMM_MAX_DIM, GMM_MAX_GROUPS, OpsProvider
 from backends.caps import OpCaps, OpImpl
+from backends.moe import zero_padding_rows
 from backends.ops import FLOATS
 
 OP = "npu_grouped_matmul"
@@ -40,7 +41,8 @@ def group_list(group_offsets: torch.Tensor) -> torch.Tensor:
 
 
 def _gmm(provider: OpsProvider, x, weight, group_offsets, **kw) -> torch.Tensor:
-    return provider.call(
+    """The operator leaves the rows past the last group unwritten: zeroed here (SPEC 2.8's padding)."""
+    out = provider.call(
         OP,
         [x],
         [weight],
@@ -50,6 +52,7 @@ def _gmm(provider: OpsProvider, x, weight, group_offsets, **kw) -> torch.Tensor:
         group_list_type=GROUP_LIST_TYPE,
         **kw,
     )[0]
+    return zero_padding_rows(out, group_offsets)
 
 
 def w4_form(provider: OpsProvider, op: str, key: tuple, w_packed, w_scale) -> tuple:

@@ -32,8 +32,10 @@ def grouped_matmul(
     if w.dtype == torch.int8 and x.shape[1] == 0:  # ORT leaves K = 0 uninitialised (empty_k_epilogue)
         sizes = torch.diff(group_offsets.long().cpu())
         e = torch.repeat_interleave(torch.arange(w.shape[0]), sizes).to(w_scale.device)
+        r = e.numel()  # rows past the last offset are padding: zero
         acc = torch.zeros(x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
-        return (acc * x_scale.float()[:, None] * w_scale.float()[e]).to(out_dtype)
+        acc[:r] = acc[:r] * x_scale.float()[:r, None] * w_scale.float()[e]
+        return acc.to(out_dtype)
     inputs = {"x": x, "x_scale": x_scale, "w": w, "w_scale": w_scale, "group_offsets": group_offsets}
     if w.dtype == torch.int8:
         (out,) = run("grouped_matmul", "grouped_matmul_w8a8", inputs, outs, out_dtype=onnx_dtype(out_dtype))

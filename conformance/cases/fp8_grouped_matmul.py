@@ -45,8 +45,17 @@ def _bad(**over):
     return build
 
 
+def _padded(g, dt):
+    """Expert parallel's masked layout: 3 rows of padding past the last offset (zero, never multiplied)."""
+    a = mk(g, [2, 0, 3], 256, 128, dt)
+    a["x_q"] = torch.cat([a["x_q"], a["x_q"][:3]])
+    a["x_scale"] = torch.cat([a["x_scale"], a["x_scale"][:3]])
+    return a
+
+
 CASES = [
     _case("smoke/e3_k256_n128_empty_expert", lambda g, dt: mk(g, [2, 0, 3], 256, 128, dt)),
+    _case("adversarial/rows_past_last_offset", _padded, tags={"layout": "padded"}),
     _case("smoke/e2_k200_n130_partial", lambda g, dt: mk(g, [3, 4], 200, 130, dt, ue8m0=False)),
     _case(
         "realistic/gate_up_e8_k6144_n256",

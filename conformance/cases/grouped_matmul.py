@@ -105,6 +105,17 @@ def _int64_offsets(g, dt):
     return a
 
 
+def _padded(g, dt):
+    """Expert-parallel's masked layout: 5 rows of padding after the last expert's rows (SPEC 2.8: zero in
+    the output, no FLOPs), filled with values a backend must not multiply into a real row."""
+    a = mk(g, [3, 0, 4], 32, 16, dt, group=16)
+    pad = a["x"][:5].clone()
+    a["x"] = torch.cat([a["x"], pad])
+    if "x_scale" in a:
+        a["x_scale"] = torch.cat([a["x_scale"], a["x_scale"][:5]])
+    return a
+
+
 def _float_out(g, dt):
     return mk(g, [3, 2], 32, 8, dt, group=16, out_dtype=torch.float32)
 
@@ -139,6 +150,7 @@ CASES = [
     _case("adversarial/int_extremes", _extremes, dtypes=_Q),
     _case("adversarial/float32_out", _float_out, dtypes=_Q),
     _case("adversarial/int64_offsets", _int64_offsets),
+    _case("adversarial/rows_past_last_offset", _padded, tags={"layout": "padded"}),
     _case("adversarial/noncontig_strided_x", _noncontig, tags={"layout": "strided"}),
     _case(
         "errors/offsets_decreasing",
@@ -147,9 +159,9 @@ CASES = [
         dtypes=("float32",),
     ),
     _case(
-        "errors/offsets_end_not_m",
-        _bad(group_offsets=torch.tensor([0, 2, 2, 4], dtype=torch.int32)),
-        error=(ValueError, r"^group_offsets: expected non-decreasing offsets from 0 to M=5"),
+        "errors/offsets_past_m",
+        _bad(group_offsets=torch.tensor([0, 2, 2, 6], dtype=torch.int32)),
+        error=(ValueError, r"^group_offsets: expected non-decreasing offsets from 0 to at most M=5"),
         dtypes=("float32",),
     ),
     _case(

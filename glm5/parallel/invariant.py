@@ -71,7 +71,7 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         b,
         k_total=k_total,
         max_over=lambda m: group.all_gather(m[None], 0).amax(0),
-        sum_over=group.all_reduce,
+        sum_over=lambda p: group.all_reduce(p, exact=True),
     )
 
 

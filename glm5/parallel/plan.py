@@ -9,7 +9,7 @@ The split is vLLM's for DeepSeek-V3.2 / GLM-5 (Megatron's tensor parallelism):
 | `self_attn.o_proj`, `mlp.down_proj`, `shared_experts.down_proj` | rowwise | dim 1 | output summed |
 | `mlp.gate_proj/up_proj`, `shared_experts.gate_proj/up_proj` | colwise | dim 0 | input enters |
 | `mlp.experts` (tp) | experts-tp | intermediate dim of every expert | input enters, output summed |
-| `mlp.experts` (ep) | experts-ep | whole experts | per-slot outputs summed (exact) |
+| `mlp.experts` (ep) | experts-ep | whole experts | routed rows dispatched and combined (exact) |
 | `model.embed_tokens`, `lm_head` | vocab | dim 0 (vocabulary rows) | exact sum / gather / sharded loss |
 | `q_a_proj`, `kv_a_proj_with_mqa`, norms, router, indexer, `eh_proj` | replicated | - | - |
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from backends import Backend, moe
+from backends import Backend, expert_dispatch
 from glm5.core.moe import Experts
 from glm5.parallel import invariant
 from glm5.parallel.group import Group, enter, gather, reduce
@@ -235,36 +235,54 @@ class ExpertParallel(nn.Module):
     """Whole experts per rank, mixed into any experts module with `rows` (float, W8A8/W4A8, FP8): its
     stacked tensors keep this rank's `E / size` experts, under their own names.
 
-    Every rank sees every token (the hidden states are replicated), computes the (token, slot) pairs
-    routed to its experts and leaves the others zero; the per-slot outputs are then summed over the
-    group. Each slot has exactly one non-zero term, so that sum is exact, and the weighted sum over the
-    slots that follows is `moe.combine`'s: the result equals the unsplit layer's bits whenever each
-    expert row does: a backend whose grouped_matmul claims `batch_invariant` (SPEC 11; local expert 0
-    gets more rows here than unsplit, and SPEC 2.8 frees only the rows' order). Slots routed elsewhere
-    are computed on local expert 0 and masked: the drop costs compute, never a host read or a
-    data-dependent shape; a backend that skips rows past the last offset would remove it.
+    The routed (token, slot) rows travel to the rank holding their expert and back
+    (backends/expert_dispatch.py, SPEC 11.1): each rank runs its experts on the rows routed to them
+    only, and combine adds each token's slots in slot order, so the result equals the unsplit layer's
+    bits wherever each expert row does (a `batch_invariant` grouped_matmul).
+
+    `ep_tokens`: "replicated" (the expert group is the tensor-parallel group, or ranks holding copies:
+    every rank has every token) splits the tokens into `size` chunks, each rank dispatches its chunk
+    and the chunks' outputs are gathered; "local" (experts across data-parallel ranks) dispatches the
+    rank's own tokens. `ep_capacity`: None, the contiguous mode (one host read of the split sizes per
+    layer); an int C, the masked mode (C rows per expert and source rank, fixed shapes, no host read;
+    slots past C are dropped and added to `ep_dropped`, an int64 counter on the experts' device).
     """
 
     ep_group: Group
     ep_first: int
     ep_local: int
+    ep_tokens: str = "replicated"
+    ep_capacity: int | None = None
+    ep_dropped: torch.Tensor
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
-        t, k = ids.shape
-        x = enter(x, self.ep_group)
-        rel = ids.to(torch.int64) - self.ep_first
-        mine = (rel >= 0) & (rel < self.ep_local)
-        d = moe.dispatch(torch.where(mine, rel, 0), self.ep_local)
-        y = self.rows(x, d, be)[d.inverse].view(t, k, -1)
-        zero = torch.zeros((), dtype=y.dtype, device=y.device)
-        y = reduce(torch.where(mine[..., None], y, zero), self.ep_group)
-        return (y.float() * w.float()[..., None]).sum(dim=1).to(x.dtype)
+        g = self.ep_group
+        if self.ep_tokens == "local":
+            return self._routed(x, ids, w, be).to(x.dtype)
+        t = x.shape[0]
+        c = -(-t // g.size)
+        a, b = min(g.rank * c, t), min(g.rank * c + c, t)
+        x, w = enter(x, g), enter(w, g)  # each rank's chunk carries only its part of their gradient
+        y = self._routed(x[a:b], ids[a:b], w[a:b], be).to(x.dtype)
+        y = torch.cat([y, y.new_zeros(c - (b - a), y.shape[1])]) if b - a < c else y
+        return gather(y, g, 0)[:t]
+
+    def _routed(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
+        g = self.ep_group
+        # a host with fused kernels (DeepEP, MC2) offers the same three steps on its group
+        steps = getattr(g, "expert_steps", None) or expert_dispatch
+        lay = steps.layout(ids, self.ep_local * g.size)
+        got, d, h = steps.dispatch(x, lay, g, self.ep_capacity)
+        y = steps.combine(self.rows(got, d, be), w, h, g)
+        if self.ep_capacity is not None:
+            self.ep_dropped = self.ep_dropped.to(h.dropped.device) + h.dropped
+        return y
 
 
 _EP_CLASSES: dict[type, type] = {}
 
 
-def _expert_parallel(experts: nn.Module, group: Group) -> None:
+def _expert_parallel(experts: nn.Module, group: Group, tokens: str, capacity: int | None) -> None:
     """Keep this rank's whole experts of every stacked tensor (dim 0 = the expert) and compute through
     ExpertParallel.forward."""
     if not hasattr(experts, "rows"):
@@ -286,6 +304,8 @@ def _expert_parallel(experts: nn.Module, group: Group) -> None:
         group.rank * (n // group.size),
         n // group.size,
     )
+    experts.ep_tokens, experts.ep_capacity = tokens, capacity
+    experts.ep_dropped = torch.zeros((), dtype=torch.int64)
     if hasattr(experts, "n_experts"):
         experts.n_experts = n // group.size
 
@@ -355,9 +375,18 @@ def check(config, tp: int, ep: int = 1) -> None:
         )
 
 
-def apply(model: nn.Module, tp: Group, ep: Group | None = None) -> dict[str, ShardInfo]:
+def apply(
+    model: nn.Module,
+    tp: Group,
+    ep: Group | None = None,
+    ep_tokens: str = "replicated",
+    ep_capacity: int | None = None,
+) -> dict[str, ShardInfo]:
     """Split a GLM5ForCausalLM in place over `tp` (experts over `ep` when given: whole experts per rank,
     the attention still over `tp`) and return the ShardInfo of every split parameter by name.
+    `ep_tokens` / `ep_capacity`: how the expert group's ranks hold tokens and which dispatch mode runs
+    (ExpertParallel): "replicated" when they hold the same tokens (ep = tp, or copies), "local" when
+    each holds its own (experts across data-parallel ranks).
 
     Call it once, on the full model (random or loaded: each rank keeps its slice and frees the rest) or
     on the meta device before a loader fills the local slices (`local_slice`). Tied embeddings stay tied.
@@ -365,6 +394,10 @@ def apply(model: nn.Module, tp: Group, ep: Group | None = None) -> dict[str, Sha
     if getattr(model, "glm5_plan", None) is not None:
         raise PlanError("model: a parallel plan is already applied")
     check(model.config, tp.size, 1 if ep is None else ep.size)
+    if ep_tokens not in ("replicated", "local"):
+        raise PlanError(f"ep_tokens: expected 'replicated' or 'local', got {ep_tokens!r}")
+    if ep_capacity is not None and ep_capacity < 1:
+        raise PlanError(f"ep_capacity: expected an integer >= 1 or None, got {ep_capacity!r}")
     for name, module in list(model.named_modules()):
         style = style_of(name)
         if style is None or tp.size == 1 and style != "experts":
@@ -375,7 +408,7 @@ def apply(model: nn.Module, tp: Group, ep: Group | None = None) -> dict[str, Sha
             _mlp(module, tp)
         elif style == "experts":
             if ep is not None and ep.size > 1:
-                _expert_parallel(module, ep)
+                _expert_parallel(module, ep, ep_tokens, ep_capacity)
             elif tp.size > 1:
                 _experts_tp(module, tp)
         elif style == "vocab-embedding":

@@ -23,6 +23,7 @@ from glm5.cli_args import (
 from glm5.core import fsio
 from glm5.threads import command_threads
 from glm5.train.cli_checks import (
+    check_plan_fits,
     check_resumable_sharded,
     check_resume_options,
     check_sequence_fits,
@@ -322,6 +323,7 @@ def train(
     backend = backend or os.environ.get("GLM5_BACKEND") or MODEL_DEFAULT_BACKEND
     backend_choice(backend)
     check_preset_fits(None if model_path is not None or resume else preset, "'--config'")
+    check_plan_fits(parallel, None if model_path is not None or resume else preset)
     with one_line_errors():
         cfg = TrainConfig(  # a ValueError names the option (e.g. minibatches not dividing the rollouts)
             preset=preset,

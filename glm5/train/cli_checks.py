@@ -93,6 +93,21 @@ def parallel_options(
     return parsed
 
 
+def check_plan_fits(parallel, preset: str | None) -> None:
+    """Refuse (on '--mesh') a tp / ep split the preset's counts do not divide (experts over ep, heads over
+    tp, ...), in the plan's own words, before any rank starts; None (one process, or weights from a
+    checkpoint whose config the ranks read) passes."""
+    if parallel is None or preset is None or (parallel.tp == 1 and parallel.ep == 1):
+        return
+    from glm5.core.config import GLM5Config
+    from glm5.parallel.plan import PlanError, check
+
+    try:
+        check(GLM5Config.from_preset(preset), parallel.tp, parallel.ep)
+    except PlanError as exc:
+        raise click.BadParameter(f"{parallel}: {exc}", param_hint="'--mesh'") from None
+
+
 def pipeline_options(
     parallel,
     stage: str,

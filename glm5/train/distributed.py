@@ -1,4 +1,4 @@
-"""`glm5 train --nproc N --mesh dp=N|tp=N|ep=N|dp=D,tp=T|dp=D,ep=E`: training on N processes with
+"""`glm5 train --nproc N --mesh dp=N|tp=N|ep=N|dp=D,tp=T|dp=N,ep=N`: training on N processes with
 torch.distributed.
 
 - `launch` re-runs the command line (sys.argv) under torchrun's launcher (`elastic_launch`), one
@@ -9,9 +9,10 @@ torch.distributed.
   `lm_head.weight` after the model's forward returned, so the root keeps them gathered until its
   backward). ZeRO-3 frees each layer's gathered parameters after its forward
   (reshard_after_forward=True), ZeRO-2 keeps them to the backward; gradients and optimizer state are
-  sharded either way. With tp or ep: the one parallel plan, glm5/parallel/plan.py. A 2-D mesh (dp x tp,
-  dp x ep; DeviceMesh (dp, tp|ep), the model axis inner): the plan over the tp / ep sub-group first, then
-  FSDP2 over the dp sub-mesh on each rank's slices; the plan's ShardInfo (`p.glm5_shard`, which FSDP2's
+  sharded either way. With tp or ep: the one parallel plan, glm5/parallel/plan.py. dp=N,ep=N: experts
+  split over the dp ranks themselves (`ep_tokens="local"`, a 1-D dp mesh), out of FSDP2. A 2-D mesh
+  (dp x tp; DeviceMesh (dp, tp), the model axis inner): the plan over the tp sub-group first, then FSDP2
+  over the dp sub-mesh on each rank's slices; the plan's ShardInfo (`p.glm5_shard`, which FSDP2's
   new parameters do not carry) is attached again, and each parameter the plan left whole carries
   `p.glm5_replicas` (the tp / ep group holding copies of it), so DistributedMuon and the checkpoints see
   both layouts. Stage warmup at dp > 1: the indexers (its only trainable parameters, whose KL loss never
@@ -113,12 +114,14 @@ class Dist:
         world = dist.get_world_size()
         if world != mesh.size:
             raise ValueError(f"mesh: {mesh} covers {mesh.size} processes, the run has {world}")
-        if mesh.dp > 1 and mesh.model_axis is not None:
+        if mesh.dp > 1 and mesh.model_axis is not None and not mesh.ep_over_dp:
             axis = mesh.model_axis
             dm = init_device_mesh(device.type, (mesh.dp, world // mesh.dp), mesh_dim_names=("dp", axis))
         else:
             dm = init_device_mesh(device.type, (world,), mesh_dim_names=(mesh.axis,))
-        return cls(mesh, zero, dm, dist.get_rank(), world)
+        d = cls(mesh, zero, dm, dist.get_rank(), world)
+        d._ep_group = dist.new_group(list(range(world))) if mesh.ep_over_dp else None  # every rank, once
+        return d
 
     @property
     def two_d(self) -> bool:
@@ -135,9 +138,13 @@ class Dist:
 
     @property
     def model_group(self) -> dist.ProcessGroup | None:
-        """The process group the plan splits the model over (None without tp / ep)."""
-        axis = self.mesh.model_axis
-        return None if axis is None else self.device_mesh.get_group(axis)
+        """The process group the plan splits the model over (None without tp / ep); ep over dp: a group of its
+        own on the dp ranks (`setup`), so the dispatch never shares a communicator with FSDP2's prefetches."""
+        if self.mesh.ep_over_dp:
+            return self._ep_group
+        return None if self.mesh.model_axis is None else self.device_mesh.get_group(self.mesh.model_axis)
+
+    _ep_group: dist.ProcessGroup | None = None
 
     @classmethod
     def for_run(
@@ -205,6 +212,8 @@ class Dist:
             group = TorchGroup(self.model_group)
             if self.mesh.model_axis == "tp":
                 apply(model, tp=group)
+            elif self.mesh.ep_over_dp:
+                apply(model, tp=Single(), ep=group, ep_tokens="local")
             else:
                 apply(model, tp=Single(), ep=group)
         if self.mesh.dp == 1:
@@ -215,7 +224,13 @@ class Dist:
                         p.glm5_replicas = group
             return
         dp_mesh = self.device_mesh["dp"] if self.two_d else self.device_mesh
-        ignored = {p for n, p in model.named_parameters() if ".indexer." in n} if frozen_base else None
+        ignored = {p for n, p in model.named_parameters() if ".indexer." in n} if frozen_base else set()
+        if self.mesh.ep_over_dp:  # own experts, out of FSDP2; gradient (all ranks' tokens) / dp as FSDP2's
+            experts = [p for p in model.parameters() if getattr(p, "glm5_shard", None) is not None]
+            for p in experts:
+                p.register_hook(lambda g: g / self.mesh.dp)
+            ignored |= set(experts)
+        ignored = ignored or None
         reshard = self.zero == 3
         # the model returns views (e.g. its loss); nothing here modifies them in place
         warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor")
@@ -238,7 +253,7 @@ class Dist:
         for name, p in model.named_parameters():
             if name in plan:
                 p.glm5_shard = plan[name]
-            elif isinstance(p, DTensor):
+            elif isinstance(p, DTensor) and not self.mesh.ep_over_dp:  # ep over dp: FSDP shards, no copies
                 p.glm5_replicas = copies
         # in a forward the unit's gathered parameters are registered, new tensors FSDP2 made: they carry
         # the ShardInfo too (the indexer KL's teacher finds the tp group of q_b_proj by it)
@@ -305,8 +320,8 @@ class Dist:
         from glm5.parallel.group import TorchGroup
 
         group = TorchGroup(self.dp_group)
-        for p in params:
-            if p.grad is not None and not isinstance(p, DTensor):
+        for p in params:  # (a plan slice here is a rank's own experts, ep over dp: not a copy)
+            if p.grad is not None and not isinstance(p, DTensor) and getattr(p, "glm5_shard", None) is None:
                 p.grad.copy_(group.all_reduce(p.grad / self.mesh.dp))
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:

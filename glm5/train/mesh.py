@@ -1,5 +1,9 @@
 """`--mesh dp=2,tp=1,ep=1,pp=1`: the parallel layout of a distributed `glm5 train`, parsed and checked
-against the process count before anything starts."""
+against the process count before anything starts.
+
+`ep` with `dp` places the experts across the data-parallel ranks (torchtitan's and Megatron's layout):
+`dp=2,ep=2` is 2 processes, each with its own half of the batch and half of the experts, the routed
+rows dispatched between them (SPEC 11.1); this build runs it with ep equal to dp."""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from dataclasses import dataclass
 AXES = ("dp", "tp", "ep", "pp")
 #: axes this build can run with a size above 1 (pp alone: glm5/train/pipeline_run.py)
 RUNNABLE = ("dp", "tp", "ep", "pp")
-#: the 2-D meshes it runs: data parallel (FSDP2) over copies of a model split by the plan
+#: the 2-D meshes it runs: data parallel (FSDP2) over copies of a model split by the plan (dp x tp), and
+#: experts across the data-parallel ranks (dp with ep: ep borrows the dp ranks, no extra processes)
 TWO_D = (("dp", "tp"), ("dp", "ep"))
 
 
@@ -20,8 +25,13 @@ class Mesh:
     pp: int = 1
 
     @property
+    def ep_over_dp(self) -> bool:
+        """Experts across the data-parallel ranks: the ep ranks are dp ranks, each with its own tokens."""
+        return self.dp > 1 and self.ep > 1
+
+    @property
     def size(self) -> int:
-        return self.dp * self.tp * self.ep * self.pp
+        return self.dp * self.tp * self.pp * (1 if self.ep_over_dp else self.ep)
 
     @property
     def axis(self) -> str:
@@ -58,8 +68,14 @@ def parse_mesh(text: str) -> Mesh:
 
 def check_mesh(mesh: Mesh, nproc: int) -> None:
     """The mesh must cover exactly the `nproc` processes, on axes this build runs."""
+    if mesh.ep_over_dp and mesh.ep != mesh.dp:
+        raise ValueError(
+            f"ep={mesh.ep} with dp={mesh.dp}: experts across the data-parallel ranks need ep equal to dp "
+            "in this build (each dp rank holds E / dp whole experts)"
+        )
     if mesh.size != nproc:
-        raise ValueError(f"the axes multiply to {mesh.size} ({mesh}), expected --nproc ({nproc})")
+        borrowed = "; ep borrows the dp ranks" if mesh.ep_over_dp else ""
+        raise ValueError(f"the axes multiply to {mesh.size} ({mesh}{borrowed}), expected --nproc ({nproc})")
     for axis in AXES:
         if axis not in RUNNABLE and getattr(mesh, axis) > 1:
             raise ValueError(f"{axis}={getattr(mesh, axis)}: not in this build yet (dp, tp, ep or pp)")

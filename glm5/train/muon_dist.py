@@ -19,7 +19,7 @@ plan's replicated `q_a_proj`, indexer, router, ...) has the same gradient bits o
 group: one owner (balanced by cost) orthogonalises it and broadcasts the update, so Newton-Schulz still
 runs once per matrix per step. Parameters replicated with no group named are updated on every rank.
 
-On a 2-D mesh (dp x tp, dp x ep: FSDP2 over the dp ranks of a model the plan split) a parameter's
+On a 2-D mesh (dp x tp: FSDP2 over the dp ranks of a model the plan split) a parameter's
 Layout spans every rank: a plan slice (`p.glm5_shard`) that FSDP2 shards on dim 0 lies at the plan's
 offset plus FSDP's chunk (a 'heads' / 'experts-ep' slice split on dim 0 twice still holds whole heads /
 experts per rank when the counts divide: the local path); a slice of another dim is a 2-D box (dim 0

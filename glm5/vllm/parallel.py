@@ -2,9 +2,11 @@
 
 The one parallel plan (glm5/parallel/plan.py) shards the project's model the same way under both hosts; here
 the host is vLLM: its `GroupCoordinator`s (`get_tp_group()`, `get_ep_group()`) carry the collectives, through
-their device communicator (shared memory on CPU, NCCL / HCCL on devices). A sum is a rank-order reduction of
-an all-gather, as in `TorchGroup`, so every rank gets the same bits whatever the communicator's reduction
-order; that is what keeps the replicated router and indexer identical on every rank.
+their device communicator (shared memory on CPU, NCCL / HCCL / vLLM's custom all-reduce on devices). A sum is
+the coordinator's own `all_reduce` / `reduce_scatter`; `exact=True` (the layout-invariant mode, GLM5_VALIDATE)
+is the fixed rank-order sum of glm5/parallel/group.py built on this group's all-to-all and all-gather. vLLM's
+coordinator has no variable-split all-to-all (its all2all managers are tied to its own MoE layer), so
+`all_to_all` is torch.distributed's `all_to_all_single` on the coordinator's `device_group`.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from glm5.parallel.group import Group, sum_in_rank_order
+from glm5.parallel.group import Group, fixed_order_all_reduce, fixed_order_reduce_scatter
 
 _COMMUNICATOR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class VllmGroup:
-    """A vLLM `GroupCoordinator` as a `Group` (rank in the group, group size, all_gather, fixed-order sum)."""
+    """A vLLM `GroupCoordinator` as a `Group` (every method of the protocol)."""
 
     def __init__(self, coordinator) -> None:
         self.coordinator = coordinator
@@ -36,10 +38,37 @@ class VllmGroup:
             return torch.cat(parts, dim=dim)
         return self.coordinator.all_gather(x.contiguous(), dim)
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+    def all_reduce(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
         if self.size == 1:
             return x
-        return sum_in_rank_order(self.all_gather(x.unsqueeze(0), 0))
+        if exact:
+            return fixed_order_all_reduce(self, x)
+        if x.dtype not in _COMMUNICATOR_DTYPES:
+            out = x.clone(memory_format=torch.contiguous_format)
+            dist.all_reduce(out, group=self.coordinator.device_group)
+            return out
+        # the coordinator may reduce in place: give it a copy the caller does not hold
+        return self.coordinator.all_reduce(x.clone(memory_format=torch.contiguous_format))
+
+    def reduce_scatter(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        if self.size == 1:
+            return x
+        if exact:
+            return fixed_order_reduce_scatter(self, x)
+        if x.dtype not in _COMMUNICATOR_DTYPES:
+            out = x.new_empty((x.shape[0] // self.size, *x.shape[1:]))
+            dist.reduce_scatter_single(out, x.contiguous(), group=self.coordinator.device_group)
+            return out
+        return self.coordinator.reduce_scatter(x.contiguous(), dim=0)
+
+    def all_to_all(self, x: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        if self.size == 1:
+            return x
+        out = x.new_empty((sum(recv), *x.shape[1:]))
+        dist.all_to_all_single(
+            out, x.contiguous(), list(recv), list(send), group=self.coordinator.device_group
+        )
+        return out
 
 
 def groups(parallel_config) -> tuple[Group | None, Group | None]:

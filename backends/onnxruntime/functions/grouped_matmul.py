@@ -1,8 +1,9 @@
 """SPEC 2.8 MoE grouped GEMM as ONNX functions: a Loop over experts; step e slices rows
 group_offsets[e] : group_offsets[e+1] (rows are sorted by expert, so appending each expert's block
 rebuilds the output in row order) and multiplies them by expert e's weight. Empty experts append an
-empty block. Quantized variants run the W8A8 / W4A8 functions on each expert's block, so each row
-is bitwise the per-row GEMM of SPEC 2.6 / 2.7.
+empty block; the rows past the last offset (padding) are appended as zeros, never multiplied.
+Quantized variants run the W8A8 / W4A8 functions on each expert's block, so each row is bitwise the
+per-row GEMM of SPEC 2.6 / 2.7.
 """
 
 from onnxscript import script
@@ -20,6 +21,14 @@ def _empty_rows(x, w, out_dtype: int):
 
 
 @script(glm5)
+def _padding_rows(x, w, offs, out_dtype: int):
+    """[M - group_offsets[E], N] zeros of out_dtype: the rows past the last expert's."""
+    last = op.Gather(offs, op.Constant(value_ints=[-1]))
+    shape = op.Concat(op.Sub(op.Shape(x, start=0, end=1), last), op.Shape(w, start=1, end=2), axis=0)
+    return op.Cast(op.ConstantOfShape(shape), to=out_dtype)
+
+
+@script(glm5)
 def grouped_matmul(x, w, group_offsets, out_dtype: int) -> TOut:
     """x [M, K] float, w [E, N, K] same dtype, group_offsets [E+1] -> [M, N] out_dtype (fp32 accumulation).
     Semantics: backends/reference/grouped_matmul.py (SPEC 2.8)"""
@@ -32,7 +41,7 @@ def grouped_matmul(x, w, group_offsets, out_dtype: int) -> TOut:
         we = op.Squeeze(op.Gather(w, e1, axis=0), op.Constant(value_ints=[0]))  # [N, K]
         y = op.MatMul(op.Cast(rows, to=F32), op.Transpose(op.Cast(we, to=F32), perm=[1, 0]))
         out = op.Concat(out, op.Cast(y, to=out_dtype), axis=0)
-    return out
+    return op.Concat(out, _padding_rows(x, w, offs, out_dtype=out_dtype), axis=0)
 
 
 @script(glm5)
@@ -55,7 +64,7 @@ def grouped_matmul_w8a8(x, x_scale, w, w_scale, group_offsets, out_dtype: int) -
             out_dtype=out_dtype,
         )
         out = op.Concat(out, y, axis=0)
-    return out
+    return op.Concat(out, _padding_rows(x, w, offs, out_dtype=out_dtype), axis=0)
 
 
 @script(glm5)
@@ -80,4 +89,4 @@ def grouped_matmul_w4a8(x, x_scale, w, w_scale, group_offsets, group_size: int, 
             out_dtype=out_dtype,
         )
         out = op.Concat(out, y, axis=0)
-    return out
+    return op.Concat(out, _padding_rows(x, w, offs, out_dtype=out_dtype), axis=0)

@@ -173,6 +173,17 @@ def test_mesh_parsing():
         (["--nproc", "4", "--mesh", "tp=2,ep=2"], "'--mesh'", "expected one axis above 1 or a 2-D mesh"),
         (["--nproc", "4", "--mesh", "dp=2,pp=2"], "'--mesh'", "expected one axis above 1 or a 2-D mesh"),
         (["--nproc", "2", "--mesh", "pp"], "'--mesh'", "expected AXIS=N"),
+        (["--nproc", "3", "--mesh", "ep=3"], "'--mesh'", "n_routed_experts: 8 does not split over 3 ranks"),
+        (
+            ["--nproc", "4", "--mesh", "dp=4,ep=2"],
+            "'--mesh'",
+            "ep=2 with dp=4: experts across the data-parallel",
+        ),
+        (
+            ["--nproc", "4", "--mesh", "dp=2,ep=2"],
+            "'--mesh'",
+            "ep borrows the dp ranks), expected --nproc (4)",
+        ),
         (["--nproc", "2", "--batch-size", "3"], "'--batch-size'", "must divide by dp (2), got 3"),
         (["--nproc", "0"], "'--nproc'", "0"),
     ],
