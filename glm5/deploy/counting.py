@@ -172,19 +172,29 @@ class _BalancedSteps:
 
     def dispatch(self, x, lay, group, capacity=None):
         if capacity is None:
-            n, pairs = group.size, lay.tokens * lay.top_k
-            share = [pairs // n + (s < pairs % n) for s in range(n)]
-            self.host.counter.answer(share + share)  # what rank r sends to each rank, receives from each
+            n, r, k = group.size, group.rank, lay.top_k
+
+            def share(pairs: int, to: int) -> int:  # pairs split as evenly as they go, the first ranks more
+                return pairs // n + (to < pairs % n)
+
+            sources = [lay.tokens] * n  # ranks with their own tokens: every rank runs the same step
+            if self.host.tokens is not None:  # replicated tokens: rank s dispatches chunk s of T
+                t, c = self.host.tokens, -(-self.host.tokens // n)
+                sources = [min(c, max(t - s * c, 0)) for s in range(n)]
+            send = [share(lay.tokens * k, s) for s in range(n)]
+            self.host.counter.answer(send + [share(p * k, r) for p in sources])
         return expert_dispatch.dispatch(x, lay, group, capacity)
 
 
 class FakeHost:
     """Rank `rank` of `size` without a process group: every collective returns a result of the right
     shape and dtype (values are meaningless; meant for fake tensors), and the expert dispatch's split
-    sizes are those of balanced routing (answered to `counter`, the CountOps mode of the run)."""
+    sizes are those of balanced routing (answered to `counter`, the CountOps mode of the run). tokens:
+    the step's token count where the ranks hold the same tokens (each dispatches its 1/N chunk), None
+    where each holds its own."""
 
-    def __init__(self, rank: int, size: int, counter: CountOps) -> None:
-        self.rank, self.size, self.counter = rank, size, counter
+    def __init__(self, rank: int, size: int, counter: CountOps, tokens: int | None = None) -> None:
+        self.rank, self.size, self.counter, self.tokens = rank, size, counter, tokens
         self.expert_steps = _BalancedSteps(self)
 
     def all_reduce(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:

@@ -4,8 +4,9 @@ collective, for one prefill of S tokens and one decode step of B sequences at co
 Derived, not hand-written: the model is built at full size on fake tensors (FakeTensorMode), split by
 the parallel plan (glm5/parallel/plan.py) with every group a counting fake host (glm5/deploy/counting.py:
 FakeHost inside Counted), and run for the step under CountOps, so the ops, their shapes and the
-collectives are those the code issues. Routing on fake tensors has no values: the dispatch's split sizes are those of
-balanced routing (every expert the same share of each rank's slots), the one assumption.
+collectives are those the code issues. Routing on fake tensors has no values: the dispatch's split
+sizes are those of balanced routing (every expert the same share of each rank's slots), the one
+assumption.
 
 A step per rank: a replica (the tensor-parallel group, or one data-parallel rank) holds `batch`
 sequences: prefill one sequence of S new tokens into an empty cache, decode one new token for each of
@@ -17,7 +18,8 @@ rank its own sequences, experts across the N ranks: `ep_tokens='local'`).
 Ideals per rank (the ratios printed): expert FLOPs, the routed experts' FLOPs of the tokens the expert
 group holds / N (6 D I per slot and MoE layer run); collective bytes, per kind: all_reduce the ring's
 2 (N-1)/N of the tensors summed, all_gather (N-1) x, all_to_all the routed rows whose expert is on another
-rank, there and back (2 (N-1)/N of the rank's T k rows of D per MoE layer run).
+rank, there and back ((N-1)/N of the rank's own T k rows of D out, 1/N of every other rank's back, per
+MoE layer run).
 """
 
 from __future__ import annotations
@@ -166,11 +168,11 @@ def fake_model(config: GLM5Config, fake: FakeTensorMode) -> nn.Module:
     return model
 
 
-def _groups(layout: Layout, rank: int, counter: CountOps) -> tuple[Counted, Counted | None, str]:
+def _groups(layout: Layout, rank: int, counter: CountOps, tokens: int) -> tuple[Counted, Counted | None, str]:
     """(tp group, expert group or None, ep_tokens) of `rank`, each a Counted FakeHost."""
     if layout.dp > 1:
         return Counted(FakeHost(0, 1, counter)), Counted(FakeHost(rank, layout.dp, counter)), "local"
-    tp = Counted(FakeHost(rank, layout.tp, counter))
+    tp = Counted(FakeHost(rank, layout.tp, counter, tokens))
     return tp, (tp if layout.expert_parallel else None), "replicated"
 
 
@@ -181,7 +183,7 @@ def rank_cost(
     from glm5.parallel import plan
 
     counter = CountOps()
-    tp, ep, tokens = _groups(layout, rank, counter)
+    tp, ep, tokens = _groups(layout, rank, counter, batch * new)
     with FakeTensorMode() as fake:
         model = fake_model(config, fake)
         plan.apply(model, tp=tp, ep=ep, ep_tokens=tokens)
@@ -227,6 +229,85 @@ def ideal_from_counts(cost: RankCost, model, layout: Layout, counter: CountOps, 
     if tensor.get("all_gather"):
         ideal["all_gather"] = (n - 1) * tensor["all_gather"]
     if layout.expert_parallel:
-        mine = cost.tokens if layout.dp > 1 else -(-cost.tokens // n)  # the tokens this rank dispatches
-        ideal["all_to_all"] = moe_runs * 2 * (n - 1) / n * mine * c.num_experts_per_tok * c.hidden_size * b
+        chunk = -(-cost.tokens // n)  # replicated tokens: rank r dispatches chunk r
+        mine = cost.tokens if layout.dp > 1 else min(chunk, max(cost.tokens - cost.rank * chunk, 0))
+        others = (n - 1) * cost.tokens if layout.dp > 1 else cost.tokens - mine
+        # dispatch: (N-1)/N of this rank's rows leave; combine: the 1/N of every other rank's come back
+        rows = (n - 1) * mine + others
+        ideal["all_to_all"] = moe_runs * rows * c.num_experts_per_tok / n * c.hidden_size * b
     cost.ideal_bytes = ideal
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str  # 'prefill' | 'decode'
+    batch: int
+    new: int
+    context: int
+
+    def label(self) -> str:
+        if self.name == "prefill":
+            return f"prefill {self.new}"
+        return f"decode {self.batch} x 1 @ {self.context}"
+
+
+def steps(prefill_len: int, decode_batch: int, decode_context: int) -> list[Step]:
+    return [Step("prefill", 1, prefill_len, 0), Step("decode", decode_batch, 1, decode_context)]
+
+
+def ledger(config: GLM5Config, layout: Layout, todo: list[Step], mtp: bool = True) -> dict[str, list]:
+    """Step label -> the RankCost of rank 0 and, where ranks differ (a replicated step whose tokens do not
+    split evenly over the tensor-parallel ranks: the last rank dispatches fewer), of the last rank."""
+    out = {}
+    for s in todo:
+        ranks = [0]
+        if layout.tp > 1 and layout.expert_parallel and (s.batch * s.new) % layout.tp:
+            ranks.append(layout.tp - 1)
+        out[s.label()] = [rank_cost(config, layout, r, s.batch, s.new, s.context, mtp) for r in ranks]
+    return out
+
+
+#: ops shown by name in the text (the rest summed as 'other')
+_NAMES = {
+    "glm5::grouped_matmul": "routed experts (grouped_matmul)",
+    "glm5::sparse_mla_attention": "sparse attention",
+    "glm5::indexer_topk": "indexer",
+    "aten::mm": "linears (mm)",
+    "aten::bmm": "MLA absorbed (bmm)",
+}
+
+
+def _g(x: float) -> str:
+    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f} {unit}"
+    return f"{x:.0f} "
+
+
+def to_text(layout: Layout, costs: dict[str, list]) -> list[str]:
+    """The ledger as lines: one column per step (rank 0; a differing last rank in its own column)."""
+    cols = [(f"{label}" + (f" r{c.rank}" if c.rank else ""), c) for label, cs in costs.items() for c in cs]
+    width = max(24, *(len(n) + 2 for n, _ in cols))
+    head = f"ledger per rank, {layout.name()} ({layout.ranks} ranks; balanced routing; run on fake tensors)"
+    lines = [head, f"  {'':34}" + "".join(f"{n:>{width}}" for n, _ in cols)]
+
+    def row(name: str, vals: list[str]) -> None:
+        lines.append(f"  {name:34}" + "".join(f"{v:>{width}}" for v in vals))
+
+    row("tokens per replica", [str(c.tokens) for _, c in cols])
+    row("FLOP", [_g(sum(c.flops.values())) for _, c in cols])
+    ops = sorted({op for _, c in cols for op in c.flops}, key=lambda op: op not in _NAMES)
+    for op in ops:
+        row(f"  {_NAMES.get(op, op)}", [_g(c.flops.get(op, 0)) for _, c in cols])
+    row("expert FLOP / ideal (routed / N)", [f"{c.ratios()['expert_flops']:.3f}" for _, c in cols])
+    row("weights B (bf16 model)", [_g(sum(c.weight_bytes.values())) + "B" for _, c in cols])
+    row("  routed experts", [_g(c.weight_bytes["routed_experts"]) + "B" for _, c in cols])
+    row("cache B (latent + indexer, + MTP)", [_g(c.cache_bytes) + "B" for _, c in cols])
+    kinds = sorted({k for _, c in cols for k in c.bytes})
+    row("collective B sent", [_g(sum(c.bytes.values())) + "B" for _, c in cols])
+    for k in kinds:
+        row(f"  {k} ({'/'.join(str(c.calls.get(k, 0)) for _, c in cols[:1])} calls)", [
+            _g(c.bytes.get(k, 0)) + "B" for _, c in cols
+        ])  # fmt: skip
+    row("collective B / ideal (ring, routed)", [f"{c.ratios()['collective_bytes']:.3f}" for _, c in cols])
+    return lines
