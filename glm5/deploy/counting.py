@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from backends import expert_dispatch
+from backends import expert_dispatch, library
 from glm5.parallel.group import Group, fixed_order_all_reduce, fixed_order_reduce_scatter
 
 _aten = torch.ops.aten
@@ -104,10 +104,7 @@ class CountOps(TorchDispatchMode):
         elif name.startswith("glm5::"):
             op = name.removeprefix("glm5::")
             if op in CUSTOM_FLOPS:
-                from backends.decls import DECLS
-
-                named = DECLS[op].unflatten(tuple(args[:-1]), fake=True)
-                self.flops[name] += int(CUSTOM_FLOPS[op](named))
+                self.flops[name] += int(CUSTOM_FLOPS[op](library.named_args(op, args)))
         return out
 
 
@@ -164,7 +161,8 @@ class Counted:
 
 class _BalancedSteps:
     """The reference dispatch steps (backends/expert_dispatch.py) with the split sizes a fake run cannot
-    read answered as balanced routing: every rank sends each rank an equal share of its T k pairs."""
+    read answered as balanced routing: every rank sends each rank an equal share of its T k pairs (the
+    remainder, where N does not divide them, one pair each to the ranks after the sender's)."""
 
     def __init__(self, host: FakeHost) -> None:
         self.host = host
@@ -174,15 +172,15 @@ class _BalancedSteps:
         if capacity is None:
             n, r, k = group.size, group.rank, lay.top_k
 
-            def share(pairs: int, to: int) -> int:  # pairs split as evenly as they go, the first ranks more
-                return pairs // n + (to < pairs % n)
+            def share(pairs: int, src: int, dst: int) -> int:  # the remainder to the next ranks after src
+                return pairs // n + ((dst - src) % n < pairs % n)
 
             sources = [lay.tokens] * n  # ranks with their own tokens: every rank runs the same step
             if self.host.tokens is not None:  # replicated tokens: rank s dispatches chunk s of T
                 t, c = self.host.tokens, -(-self.host.tokens // n)
                 sources = [min(c, max(t - s * c, 0)) for s in range(n)]
-            send = [share(lay.tokens * k, s) for s in range(n)]
-            self.host.counter.answer(send + [share(p * k, r) for p in sources])
+            send = [share(lay.tokens * k, r, s) for s in range(n)]
+            self.host.counter.answer(send + [share(p * k, s, r) for s, p in enumerate(sources)])
         return expert_dispatch.dispatch(x, lay, group, capacity)
 
 

@@ -296,7 +296,11 @@ def to_text(layout: Layout, costs: dict[str, list]) -> list[str]:
 
     row("tokens per replica", [str(c.tokens) for _, c in cols])
     row("FLOP", [_g(sum(c.flops.values())) for _, c in cols])
-    ops = sorted({op for _, c in cols for op in c.flops}, key=lambda op: op not in _NAMES)
+    order = list(_NAMES)
+    ops = sorted(
+        {op for _, c in cols for op in c.flops},
+        key=lambda op: (op not in _NAMES, order.index(op) if op in _NAMES else 0, op),
+    )
     for op in ops:
         row(f"  {_NAMES.get(op, op)}", [_g(c.flops.get(op, 0)) for _, c in cols])
     row("expert FLOP / ideal (routed / N)", [f"{c.ratios()['expert_flops']:.3f}" for _, c in cols])
