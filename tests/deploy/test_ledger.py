@@ -8,6 +8,8 @@ and a bias choosing one expert on each rank), the case the ledger assumes."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -69,3 +71,22 @@ def test_ledger_matches_a_gloo_run_of_the_tiny_model():
         assert led.cache_bytes == cache, msg
         assert sum(led.weight_bytes.values()) == weights, msg
         assert led.ratios()["expert_flops"] == pytest.approx(1.0, rel=0.05), msg
+
+
+def test_plan_prints_the_ledger_and_refuses_a_layout_it_cannot_run():
+    from click.testing import CliRunner
+
+    from glm5.cli import main
+
+    base = ["plan", "--config", "tiny", "--machine", "h200x8", "--recipe", "bf16", "--max-model-len", "64"]
+    steps = ["--ledger", "--prefill-len", "16", "--decode-batch", "2", "--decode-context", "32"]
+    r = CliRunner().invoke(main, [*base, "--dp", "8", *steps, "--json"])
+    assert r.exit_code == 0, r.output
+    led = json.loads(r.output)["ledger"]
+    assert list(led) == ["prefill 16", "decode 2 x 1 @ 32"]
+    for (cost,) in led.values():  # one expert per rank, each rank its own tokens: the ideal share
+        assert cost["ratios"]["expert_flops"] == pytest.approx(1.0)
+        assert set(cost["collective_bytes"]) == {"all_to_all"} and cost["flops_by_op"]["glm5::grouped_matmul"]
+    r = CliRunner().invoke(main, [*base, "--tp", "2", "--dp", "4", *steps])
+    assert r.exit_code == 2
+    assert "Invalid value for '--ledger': the ledger runs TP N or DP N + EP N, not DP4 x TP2" in r.output
