@@ -196,7 +196,6 @@ def rank_cost(
 def _cost(
     model, layout: Layout, rank: int, counter: CountOps, groups: list, cache: int, tokens: int
 ) -> RankCost:
-
     weights = {"routed_experts": 0, "other": 0}
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         key = "routed_experts" if ".mlp.experts." in name else "other"
