@@ -97,14 +97,17 @@ def layout(ids: torch.Tensor, n_experts: int) -> Layout:
     return Layout(order, inverse, starts, starts.diff(), t, k)
 
 
-def _sorted_by_expert(recv_counts: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+def _sorted_by_expert(
+    recv_counts: torch.Tensor, valid: torch.Tensor | None, rows: int | None = None
+) -> tuple[torch.Tensor, ...]:
     """recv_counts [N, L] rows from rank s for local expert l -> (perm, offsets [L+1]): the received rows
-    (blocks by source rank, then by local expert) taken expert by expert, valid rows first."""
+    (blocks by source rank, then by local expert) taken expert by expert, valid rows first. rows: the
+    received row count the host already holds (contiguous), so the expansion reads nothing back."""
     n, local = recv_counts.shape
     dev = recv_counts.device
     if valid is None:  # contiguous: the received rows are exactly the counted ones
         experts = torch.arange(local, device=dev).repeat(n)
-        key = torch.repeat_interleave(experts, recv_counts.reshape(-1))
+        key = torch.repeat_interleave(experts, recv_counts.reshape(-1), output_size=rows)
     else:  # masked: [N, L, C] slots, the padding sorted past every expert
         key = torch.where(valid, torch.arange(local, device=dev)[None, :, None], local).reshape(-1)
     perm = torch.argsort(key, stable=True)
@@ -129,7 +132,7 @@ def dispatch(
         sizes = torch.cat([lay.per_expert.view(n, local).sum(1), recv_counts.sum(1)]).tolist()  # host read
         send, recv = sizes[:n], sizes[n:]
         got = exchange(x[lay.order // k], group, send, recv)  # [M, D] by source rank, then expert
-        perm, offsets = _sorted_by_expert(recv_counts, None)
+        perm, offsets = _sorted_by_expert(recv_counts, None, sum(recv))
         dropped = torch.zeros((), dtype=torch.int64, device=dev)
         h = Handle(lay, send, recv, None, None, perm, dropped)
     else:

@@ -67,6 +67,12 @@ def custom_op_args(op: str, args: dict[str, Any], key: str) -> tuple:
     return (*DECLS[op].flatten(args), key)
 
 
+def named_args(op: str, flat: tuple) -> dict[str, Any]:
+    """The interface's named arguments of a call of op's custom op (its positional arguments, the backend
+    key last): what a counting mode reads (glm5/deploy/counting.py). Tensors may be fake."""
+    return DECLS[op].unflatten(tuple(flat[:-1]), fake=True)
+
+
 def call(key: str, op: str, args: dict[str, Any]) -> Any:
     """Call op's custom op with the interface's named arguments (a split-pool cache: its own op)."""
     pools = args.get("kv_cache")

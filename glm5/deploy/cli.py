@@ -185,6 +185,25 @@ _COUNT = click.IntRange(min=1)
     show_default=True,
     help="plan the machine's own engine, or vLLM with this project's plugin (docs/vllm.md)",
 )
+@click.option(
+    "--ledger",
+    is_flag=True,
+    help="also run the chosen layout's rank on fake tensors and print its per-rank FLOPs by op, weight and "
+    "cache bytes and collective bytes for one prefill and one decode step (glm5/deploy/ledger.py; TP N or "
+    "DP N + EP N layouts)",
+)
+@click.option(
+    "--prefill-len",
+    type=_COUNT,
+    default=None,
+    help="ledger: prefill tokens (default: max-num-batched-tokens)",
+)
+@click.option(
+    "--decode-batch", type=_COUNT, default=None, help="ledger: decode sequences per replica (max-num-seqs)"
+)
+@click.option(
+    "--decode-context", type=_COUNT, default=None, help="ledger: cached tokens per sequence (max-model-len)"
+)
 @click.option("--json", "as_json", is_flag=True, help="print the plan as one JSON object")
 def plan(
     config_name: str,
@@ -205,6 +224,10 @@ def plan(
     model_path: str | None,
     as_json: bool,
     engine: str,
+    ledger: bool = False,
+    prefill_len: int | None = None,
+    decode_batch: int | None = None,
+    decode_context: int | None = None,
 ) -> None:
     """Per-device memory, the largest concurrency at MAX_MODEL_LEN, a parallel layout the kernels accept
     and the vLLM / vllm-ascend serve command. A recipe the machine's engine cannot serve is refused (exit
@@ -256,16 +279,45 @@ def plan(
             if recipe == FP8_RECIPE
             else f"/models/GLM-5-{recipe}" + ("" if recipe == "bf16" else f"-{req.checkpoint_format}")
         )
+    costs = None
+    if ledger:
+        costs = _ledger(req, p.layout, prefill_len, decode_batch, decode_context)
     if as_json:
-        click.echo(json.dumps(to_json(p, model_path), indent=2))
+        out = to_json(p, model_path)
+        if costs is not None:
+            out["ledger"] = {step: [c.to_dict() for c in cs] for step, cs in costs[1].items()}
+        click.echo(json.dumps(out, indent=2))
     else:
         click.echo(to_text(p, model_path))
+        if costs is not None:
+            from glm5.deploy.ledger import to_text as ledger_text
+
+            click.echo("\n".join(ledger_text(*costs)))
     if not p.fits:
         lay = p.layout
         why = lay.overflow or "; ".join(lay.violations) or "no layout fits"
         more = f"; fits with --nodes {p.min_nodes} ({p.min_nodes_layout})" if p.min_nodes else ""
         click.echo(f"error: {recipe} does not fit {nodes} x {m.name} ({lay.name()}): {why}{more}", err=True)
         sys.exit(1)
+
+
+def _ledger(req: Any, lay: Any, prefill: int | None, batch: int | None, context: int | None) -> tuple:
+    """(ledger layout, step -> per-rank costs) of the plan's layout; a layout it cannot run: exit 2."""
+    from glm5.deploy import ledger
+
+    try:
+        layout = ledger.Layout(lay.tp, lay.dp, lay.expert_parallel)
+    except ValueError as exc:
+        why = str(exc).removeprefix("layout: ")
+        raise click.BadParameter(f"{why}; pin --tp N or --dp N", param_hint="'--ledger'") from None
+    context = context or req.max_model_len
+    if context + 1 > req.config.max_position_embeddings:
+        raise click.BadParameter(
+            f"expected < max_position_embeddings {req.config.max_position_embeddings}, got {context}",
+            param_hint="'--decode-context'",
+        )
+    todo = ledger.steps(prefill or req.batched_tokens, batch or req.seqs, context)
+    return layout, ledger.ledger(req.config, layout, todo, mtp=req.mtp)
 
 
 def _plan_plugin(req: Any, model_path: str | None, as_json: bool) -> None:
