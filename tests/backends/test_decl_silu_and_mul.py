@@ -46,7 +46,11 @@ def test_cpu_is_bitwise_the_reference_forward_and_backward(dt):
 def test_strided_empty_and_bad_input():
     cpu = backends.get("cpu")
     x = _x(torch.float32)
-    assert torch.equal(cpu.silu_and_mul(x[:, ::2].contiguous()), cpu.silu_and_mul(x[:, ::2]))
+    # to rounding, not bitwise: torch's sigmoid takes a vector exp in a buffer's body and a scalar one in its
+    # tail, and a strided view puts other elements in the tail (it differed on an AMD EPYC, 2026-12-04)
+    torch.testing.assert_close(
+        cpu.silu_and_mul(x[:, ::2]), cpu.silu_and_mul(x[:, ::2].contiguous()), rtol=4e-7, atol=1e-7
+    )
     assert cpu.silu_and_mul(torch.empty(0, 8)).shape == (0, 4)
     with pytest.raises(ValueError, match=r"^x: expected an even last dimension"):
         cpu.silu_and_mul(torch.randn(3, 7))
