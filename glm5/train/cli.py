@@ -3,7 +3,6 @@ rl) on its own rollouts with the IcePop objective."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -18,11 +17,12 @@ from glm5.cli_args import (
     check_preset_fits,
     model_option,
     one_line_errors,
-    one_writer,
 )
 from glm5.core import fsio
 from glm5.threads import command_threads
+from glm5.train import ownership
 from glm5.train.cli_checks import (
+    check_options_used,
     check_resumable_sharded,
     check_resume_options,
     check_sequence_fits,
@@ -297,7 +297,15 @@ def train(
     """Train GLM-5 with Muon Split, MTP and the DSA stages, or RL with IcePop (--stage rl); metrics.jsonl,
     loss.png, checkpoints in OUT."""
     from glm5.train import distributed, rl_async
-    from glm5.train.loop import Diverged, NothingToResume, RunExists, StepsDone, TrainConfig, Trainer
+    from glm5.train.loop import (
+        Diverged,
+        NothingToResume,
+        RunExists,
+        StepsDone,
+        TrainConfig,
+        Trainer,
+        check_run,
+    )
     from glm5.train.plots import plot_metrics
 
     if rollout_engine == "vllm":
@@ -310,6 +318,7 @@ def train(
                 param_hint="'--rollout-engine'",
             )
     parallel = parallel_options(nproc, mesh, stage, batch_size, layout_invariant)
+    check_options_used(stage, rollout_engine, parallel, resume)
     microbatches = pipeline_options(
         parallel,
         stage,
@@ -368,27 +377,30 @@ def train(
         )
     out = run_dir(out, resume)
     ranked = distributed.under_torchrun()
-    # one writer: this process, or (a rank) the launcher that started it, or (plain torchrun) rank 0
+    launched = ranked and distributed.lock_held_by_launcher()
+    if launched:  # torch elastic starts ranks in sessions of their own: no launcher signal reaches them
+        ownership.die_with_launcher(int(os.environ[distributed.LOCK_HOLDER_ENV]))
+    # one writer: this process, or (a rank) the launcher that started it, or (plain torchrun) rank 0; every
+    # rank holds a lock of its own too, so a new writer waits until no rank of the run is left
     lock = (
-        contextlib.nullcontext()
-        if ranked and (distributed.lock_held_by_launcher() or distributed.rank())
-        else one_writer(out, out / ".lock")
+        ownership.rank_lock(out, distributed.rank())
+        if ranked and (launched or distributed.rank())
+        else ownership.run_lock(out, check_ranks=not ranked)
     )
-    with lock:  # inside the run directory: its parent may not be ours
+    # inside the run directory: its parent may not be ours; Ctrl-C: one line (a rank's: none, its launcher's)
+    with lock, ownership.on_interrupt(out, rank=ranked):
         # a checkpoint a killed save set aside is put back before the resume check reads it (the Trainer
         # does it too, for library callers)
         fsio.recover(out / "checkpoints")
         if resume:
             check_resume_options(cfg, out)
-        if parallel is not None and not ranked:
-            check_resumable_sharded(out, resume)
-            sys.stdout.flush()
-            code = distributed.launch(sys.argv[1:], nproc)
-            if code:
-                raise SystemExit(code)
-            return
+        launcher = parallel is not None and not ranked
         try:
-            trainer = Trainer(cfg, out, resume=resume, mesh=parallel, zero=int(zero))
+            if launcher:  # what a rank would refuse without a process group: refused here, once, at once
+                check_run(cfg, out, resume, parallel)
+                check_resumable_sharded(out, resume)
+            else:
+                trainer = Trainer(cfg, out, resume=resume, mesh=parallel, zero=int(zero))
         except RunExists as exc:
             raise click.BadParameter(str(exc), param_hint="'--out'") from None
         except NothingToResume as exc:
@@ -397,6 +409,21 @@ def train(
             raise click.BadParameter(str(exc), param_hint="'--steps'") from None
         except ValueError as exc:  # e.g. a held-out split too small for the asked windows
             raise click.UsageError((str(exc).splitlines() or [type(exc).__name__])[0]) from None
+        if launcher:
+            sys.stdout.flush()
+            from torch.distributed.elastic.multiprocessing.api import SignalException
+
+            ownership.quiet_agent()
+            try:
+                failures = distributed.launch(sys.argv[1:], nproc)
+            except SignalException as exc:  # the agent stopped the ranks
+                raise ownership.interrupted(out, exc.sigval) from None
+            line, code = ownership.rank_failure(failures, out)
+            if line is not None:
+                click.echo(f"Error: {line}", err=True)
+            if failures:
+                raise SystemExit(code)
+            return
         try:
             with one_line_errors():
                 summary = trainer.run(progress=not quiet)

@@ -70,29 +70,8 @@ class Trainer:
         self.out = Path(out)
         self.ckpt_root = self.out / "checkpoints"
         self.start_step, self.init_eval = 0, None
-        fsio.recover(self.ckpt_root)  # a checkpoint a killed save set aside is put back first
-        if not resume:
-            held = existing_run(self.out)
-            if held:
-                raise RunExists(
-                    f"{self.out} already holds a run ({held}); pass --resume to continue it, or choose "
-                    "another --out"
-                )
-        ckpt = latest_checkpoint(self.ckpt_root) if resume else None
-        if resume and ckpt is None:
-            raise NothingToResume(
-                f"no checkpoint to resume under {self.ckpt_root}"
-                + (
-                    " (the run stopped before its first save: run it again without --resume to start it over)"
-                    if (self.out / "metrics.jsonl").exists()
-                    else ""
-                )
-            )
-        if ckpt is not None:
-            saved = load_trainer_state(ckpt)
-            if cfg.steps <= saved["step"]:
-                raise StepsDone(f"must exceed the steps already done ({saved['step']}), got {cfg.steps}")
-            cfg = TrainConfig(**dict(saved["config"], steps=cfg.steps))
+        ckpt, cfg, saved = check_run(cfg, self.out, resume)
+        if saved is not None:
             self.start_step, self.init_eval = saved["step"], saved.get("init_eval_loss")
         self.cfg = cfg
         set_determinism(cfg)
@@ -305,6 +284,43 @@ class Trainer:
             )
 
 
+def check_run(
+    cfg: TrainConfig, out: Path, resume: bool, mesh: Mesh | None = None
+) -> tuple[Path | None, TrainConfig, dict | None]:
+    """What a Trainer checks before it builds anything, callable without a process group (the launcher of
+    `glm5 train --nproc N` runs it before any rank starts): RunExists, NothingToResume, StepsDone, and with
+    `mesh` the options a run on several processes refuses (ValueError). -> (the checkpoint to resume or
+    None, the run's options (a resume's saved ones, only `steps` from `cfg`), its trainer state or None)."""
+    out = Path(out)
+    ckpt_root = out / "checkpoints"
+    fsio.recover(ckpt_root)  # a checkpoint a killed save set aside is put back first
+    if not resume:
+        held = existing_run(out)
+        if held:
+            raise RunExists(
+                f"{out} already holds a run ({held}); pass --resume to continue it, or choose another --out"
+            )
+    ckpt = latest_checkpoint(ckpt_root) if resume else None
+    if resume and ckpt is None:
+        raise NothingToResume(
+            f"no checkpoint to resume under {ckpt_root}"
+            + (
+                " (the run stopped before its first save: run it again without --resume to start it over)"
+                if (out / "metrics.jsonl").exists()
+                else ""
+            )
+        )
+    saved = None
+    if ckpt is not None:
+        saved = load_trainer_state(ckpt)
+        if cfg.steps <= saved["step"]:
+            raise StepsDone(f"must exceed the steps already done ({saved['step']}), got {cfg.steps}")
+        cfg = TrainConfig(**dict(saved["config"], steps=cfg.steps))
+    if mesh is not None:
+        _check_rl_on_mesh(cfg, mesh)
+    return ckpt, cfg, saved
+
+
 def _check_rl_on_mesh(cfg: TrainConfig, mesh: Mesh) -> None:
     """Stage rl on several processes: each dp rank's rollouts split into the minibatches, sampled by the
     sharded policy itself (bf16; the FP8 copy is built from whole weights)."""
@@ -350,8 +366,8 @@ def foreign_entries(out: Path) -> list[str]:
     writes)."""
     if not out.is_dir():
         return []
-    tmp = tuple(f".{n}.tmp-" for n in RUN_FILES)
-    return sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES and not p.name.startswith(tmp))
+    ours = (*(f".{n}.tmp-" for n in RUN_FILES), ".lock.rank")  # and the ranks' locks (train/ownership.py)
+    return sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES and not p.name.startswith(ours))
 
 
 def _records(path: Path) -> list[dict]:
