@@ -393,7 +393,8 @@ def train(
         # does it too, for library callers)
         fsio.recover(out / "checkpoints")
         if resume:
-            check_resume_options(cfg, out)
+            with one_line_errors():  # a broken trainer_state.json: one line naming it
+                check_resume_options(cfg, out)
         launcher = parallel is not None and not ranked
         try:
             if launcher:  # what a rank would refuse without a process group: refused here, once, at once

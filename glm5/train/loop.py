@@ -19,11 +19,13 @@ from pathlib import Path
 import torch
 
 from glm5.core import fsio
+from glm5.core.checkpoint import BadCheckpointFile
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
 from glm5.train import dist_state
 from glm5.train.activations import checkpoint_layers
 from glm5.train.data import VOCAB_MIN, ByteCorpus
+from glm5.train.dist_manifest import verify
 from glm5.train.dsa import AttentionProbe, ExpertBalancer
 from glm5.train.losses import lm_and_mtp
 from glm5.train.mesh import Mesh
@@ -70,7 +72,11 @@ class Trainer:
         self.out = Path(out)
         self.ckpt_root = self.out / "checkpoints"
         self.start_step, self.init_eval = 0, None
-        ckpt, cfg, saved = check_run(cfg, self.out, resume)
+        from glm5.train.distributed import lock_held_by_launcher
+
+        # a rank of `glm5 train --nproc N`: its launcher read the checksums, the rank checks the rest
+        checksums = mesh is None or not lock_held_by_launcher()
+        ckpt, cfg, saved = check_run(cfg, self.out, resume, checksums=checksums)
         if saved is not None:
             self.start_step, self.init_eval = saved["step"], saved.get("init_eval_loss")
         self.cfg = cfg
@@ -285,12 +291,14 @@ class Trainer:
 
 
 def check_run(
-    cfg: TrainConfig, out: Path, resume: bool, mesh: Mesh | None = None
+    cfg: TrainConfig, out: Path, resume: bool, mesh: Mesh | None = None, checksums: bool = True
 ) -> tuple[Path | None, TrainConfig, dict | None]:
     """What a Trainer checks before it builds anything, callable without a process group (the launcher of
-    `glm5 train --nproc N` runs it before any rank starts): RunExists, NothingToResume, StepsDone, and with
-    `mesh` the options a run on several processes refuses (ValueError). -> (the checkpoint to resume or
-    None, the run's options (a resume's saved ones, only `steps` from `cfg`), its trainer state or None)."""
+    `glm5 train --nproc N` runs it before any rank starts): RunExists, NothingToResume, StepsDone, a
+    sharded checkpoint to resume or start from against its manifest (glm5/train/dist_manifest.py; the
+    files' sha256 with `checksums`), the trainer state, and with `mesh` the options a run on several
+    processes refuses (ValueError, one line). -> (the checkpoint to resume or None, the run's options (a
+    resume's saved ones, only `steps` from `cfg`), its trainer state or None)."""
     out = Path(out)
     ckpt_root = out / "checkpoints"
     fsio.recover(ckpt_root)  # a checkpoint a killed save set aside is put back first
@@ -312,10 +320,18 @@ def check_run(
         )
     saved = None
     if ckpt is not None:
+        if dist_state.is_sharded(ckpt):
+            verify(ckpt, trainer=True, checksums=checksums)
         saved = load_trainer_state(ckpt)
         if cfg.steps <= saved["step"]:
             raise StepsDone(f"must exceed the steps already done ({saved['step']}), got {cfg.steps}")
-        cfg = TrainConfig(**dict(saved["config"], steps=cfg.steps))
+        try:
+            cfg = TrainConfig(**dict(saved["config"], steps=cfg.steps))
+        except (TypeError, ValueError) as exc:
+            f = ckpt / "trainer" / "trainer_state.json"
+            raise BadCheckpointFile(f, f"config: {(str(exc).splitlines() or ['invalid'])[0]}") from None
+    if cfg.init and dist_state.is_sharded(cfg.init):
+        verify(cfg.init, trainer=False, checksums=checksums)
     if mesh is not None:
         _check_rl_on_mesh(cfg, mesh)
     return ckpt, cfg, saved

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from glm5.core import fsio
-from glm5.core.checkpoint import open_tensors, read_json
+from glm5.core.checkpoint import BadCheckpointFile, open_tensors, read_json
 
 LATEST = "latest"
 TRAINER = "trainer"
@@ -160,7 +160,16 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
 
 
 def load_trainer_state(path: Path) -> dict:
-    return read_json(path / TRAINER, "trainer_state.json")
+    """TRAINER/trainer_state.json of the checkpoint `path`: an object with the integer `step` >= 0 and the
+    run's `config` (BadCheckpointFile naming it otherwise)."""
+    state = read_json(path / TRAINER, "trainer_state.json")
+    step = state.get("step") if isinstance(state, dict) else None
+    if not (type(step) is int and step >= 0 and isinstance(state.get("config"), dict)):
+        raise BadCheckpointFile(
+            path / TRAINER / "trainer_state.json",
+            "expected an object with an integer 'step' >= 0 and the run's 'config' object",
+        )
+    return state
 
 
 def _read_tensors(f: Path) -> dict[str, torch.Tensor]:
