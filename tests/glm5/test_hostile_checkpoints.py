@@ -286,6 +286,18 @@ def test_nonfinite_fp8_weights_and_scales_are_refused(sources, tmp_path, loader,
     assert name in msg and SINGLE in msg and "NaN or inf" in msg
 
 
+@pytest.mark.parametrize("loader", sorted(FP8_LOADERS))
+@pytest.mark.parametrize("value", [-1.0, 0.0])
+def test_fp8_scales_that_are_not_positive_are_refused_by_name(sources, tmp_path, loader, value):
+    path = _copy(sources, "fp8", tmp_path)
+    name = f"{DENSE}.up_proj.weight_scale_inv"  # a negative multiplier would load the block negated
+    _edit(path, _poison(name, value))
+    with pytest.raises(BadCheckpointFile) as e:
+        FP8_LOADERS[loader](path)
+    msg = _one_line(e.value)
+    assert name in msg and SINGLE in msg and "scale <= 0" in msg
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.bool, torch.float64, torch.float8_e4m3fn])
 @pytest.mark.parametrize("loader", sorted(FLOAT_LOADERS))
 def test_a_tensor_of_a_dtype_a_float_checkpoint_does_not_hold_is_refused(sources, tmp_path, loader, dtype):
