@@ -443,7 +443,9 @@ def train(
             plot_metrics(out / "metrics.jsonl", out / "loss.png", summary["init_eval_loss"])
         except ImportError as exc:
             click.echo(
-                f"loss.png not written: {exc} (install the 'train' extra: pip install matplotlib)", err=True
+                f"loss.png not written: {exc} (the plot needs the 'train' extra: pip install "
+                "'glm5-backends[train]'; metrics.jsonl holds every number)",
+                err=True,
             )
         if rollout_check:
             from glm5.train.rollout import rollout_check as check

@@ -141,3 +141,15 @@ def test_the_launcher_names_the_rank_that_died_and_its_signal_with_a_stable_code
     assert ownership.rank_failure({1: _failure(11, 2)}, run2) == (None, 2)
     line, code = ownership.rank_failure({0: _failure(10, ownership.PEER_LOST)}, run2)
     assert code == ownership.RANK_DIED and "rank 0 lost contact" in line
+
+
+def test_without_matplotlib_the_plot_message_names_the_extra(tmp_path, monkeypatch):
+    from glm5.train import plots
+
+    def missing(*args, **kwargs):
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(plots, "plot_metrics", missing)
+    res = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "run"), *ARGS, "--steps", "1"])
+    assert res.exit_code == 0, res.output
+    assert "pip install 'glm5-backends[train]'" in res.output, res.output
