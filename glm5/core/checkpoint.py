@@ -247,13 +247,7 @@ def weight_files(path: Path, index_name: str = INDEX_FILE) -> dict[str, Path]:
                     )
                 out[k] = f
     if not out:
-        hint = (
-            f" (a sharded checkpoint of glm5 train --nproc N: convert it with `glm5 checkpoint export-hf "
-            f"{path} HF_DIR` and pass HF_DIR)"
-            if (path / "model").is_dir()
-            else ""
-        )
-        raise NotACheckpoint(f"{path} is not a checkpoint: no {index_name} and no *.safetensors{hint}")
+        raise NotACheckpoint(f"{path} is not a checkpoint: no {index_name} and no *.safetensors")
     return out
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 
 import click
 
@@ -82,6 +81,7 @@ _POS_FLOAT = _FiniteFloat(min=0, min_open=True)
     help="Start from this checkpoint's weights (e.g. RUN/checkpoints/latest) instead of --config.",
     aliases=("--init",),
     quantized=False,
+    sharded=True,
 )
 @click.option(
     "--batch-size",
@@ -377,17 +377,7 @@ def train(
         )
     out = run_dir(out, resume)
     ranked = distributed.under_torchrun()
-    launched = ranked and distributed.lock_held_by_launcher()
-    if launched:  # torch elastic starts ranks in sessions of their own: no launcher signal reaches them
-        ownership.die_with_launcher(int(os.environ[distributed.LOCK_HOLDER_ENV]))
-    # one writer: this process, or (a rank) the launcher that started it, or (plain torchrun) rank 0; every
-    # rank holds a lock of its own too, so a new writer waits until no rank of the run is left
-    lock = (
-        ownership.rank_lock(out, distributed.rank())
-        if ranked and (launched or distributed.rank())
-        else ownership.run_lock(out, check_ranks=not ranked)
-    )
-    # inside the run directory: its parent may not be ours; Ctrl-C: one line (a rank's: none, its launcher's)
+    lock = ownership.owner(out)  # this process's locks of the run (a rank: and its death with the launcher)
     with lock, ownership.on_interrupt(out, rank=ranked):
         # a checkpoint a killed save set aside is put back before the resume check reads it (the Trainer
         # does it too, for library callers)
@@ -411,19 +401,7 @@ def train(
         except ValueError as exc:  # e.g. a held-out split too small for the asked windows
             raise click.UsageError((str(exc).splitlines() or [type(exc).__name__])[0]) from None
         if launcher:
-            sys.stdout.flush()
-            from torch.distributed.elastic.multiprocessing.api import SignalException
-
-            ownership.quiet_agent()
-            try:
-                failures = distributed.launch(sys.argv[1:], nproc)
-            except SignalException as exc:  # the agent stopped the ranks
-                raise ownership.interrupted(out, exc.sigval) from None
-            line, code = ownership.rank_failure(failures, out)
-            if line is not None:
-                click.echo(f"Error: {line}", err=True)
-            if failures:
-                raise SystemExit(code)
+            ownership.launch(out, nproc)  # SystemExit with the ranks' code, one line for a dead rank
             return
         try:
             with one_line_errors():

@@ -176,7 +176,7 @@ def _check_pieces(d: Path, name: str, want: dict, pieces: list[tuple[list, list,
         if dt != dtype:
             raise _bad(f, f"tensor {name!r} is {dt}; the save wrote {dtype}")
         if len(off) != len(shape) or len(sizes) != len(shape):
-            raise _bad(f, f"tensor {name!r}: a piece of rank {len(sizes)}; the save wrote shape {shape}")
+            raise _bad(f, f"tensor {name!r}: a piece of shape {sizes} at {off}; the save wrote {shape}")
         if any(o < 0 or o + s > full for o, s, full in zip(off, sizes, shape, strict=True)):
             raise _bad(f, f"tensor {name!r}: a piece at {off} of {sizes} reaches outside its shape {shape}")
         for o2, s2, f2 in boxes:
@@ -251,4 +251,30 @@ def verify(path: str | Path, trainer: bool, checksums: bool = True) -> dict:
                 raise _bad(path / rel, "not written by the save (not in manifest.json); loaders read it")
     for part in ("model", "optim") if trainer else ("model",):
         _check_part(path, part, man["tensors"].get(part, {}))
+    if trainer:
+        _check_optimizer_refs(path / "trainer" / "optimizer.json", man["tensors"].get("optim", {}))
     return man
+
+
+def _check_optimizer_refs(f: Path, saved: dict) -> None:
+    """optimizer.json names each optimizer tensor the save wrote, and no other: a parameter whose state
+    entry was dropped would resume with a fresh state (set_optimizer_state_dict is not strict, since a
+    parameter that never had a gradient has none) and train on silently."""
+    try:
+        meta = json.loads(f.read_text(encoding="utf-8"))
+        refs = {
+            v["__tensor__"]
+            for st in meta["state"].values()
+            for v in st.values()
+            if isinstance(v, dict) and "__tensor__" in v
+        }
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        raise _bad(f, "expected an object with 'state' (per parameter) and 'param_groups'") from None
+    lost, extra = sorted(set(saved) - refs), sorted(refs - set(saved))
+    if lost or extra:
+        which = (
+            f"names no state for {lost[0]!r}" if lost else f"names {extra[0]!r}, which the save did not write"
+        )
+        raise _bad(
+            f, f"{which} ({len(lost)} missing, {len(extra)} unknown): the optimizer state is incomplete"
+        )

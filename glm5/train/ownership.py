@@ -131,6 +131,42 @@ def rank_failure(failures: dict, out: Path) -> tuple[str | None, int]:
     return None, next((c for c in codes if c != PEER_LOST), 1)
 
 
+def owner(out: Path) -> contextlib.ExitStack:
+    """The locks this process of `glm5 train` holds on the run (inside the run directory: its parent may
+    not be ours): the launcher or the single process `OUT/.lock` (and no rank of an earlier run left), a
+    rank its own `OUT/.lock.rankR` (plain torchrun: rank 0 `OUT/.lock`); a rank started by `launch` also
+    dies with it from now on."""
+    from glm5.train import distributed
+
+    ranked = distributed.under_torchrun()
+    launched = ranked and distributed.lock_held_by_launcher()
+    if launched:
+        die_with_launcher(int(os.environ[distributed.LOCK_HOLDER_ENV]))
+    if ranked and (launched or distributed.rank()):
+        return rank_lock(out, distributed.rank())
+    return run_lock(out, check_ranks=not ranked)
+
+
+def launch(out: Path, nproc: int) -> None:
+    """`--nproc N`'s launcher (the run's lock held): the ranks under torch elastic; SystemExit with the
+    ranks' exit code if one failed (one line for a rank that died of a signal), `interrupted` on Ctrl-C."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from glm5.train import distributed
+
+    sys.stdout.flush()
+    quiet_agent()
+    try:
+        failures = distributed.launch(sys.argv[1:], nproc)
+    except SignalException as exc:  # the agent stopped the ranks
+        raise interrupted(out, exc.sigval) from None
+    line, code = rank_failure(failures, out)
+    if line is not None:
+        click.echo(f"Error: {line}", err=True)
+    if failures:
+        raise SystemExit(code)
+
+
 def run_lock(out: Path, check_ranks: bool = True) -> contextlib.ExitStack:
     """The run's lock, `OUT/.lock`, for the launcher or the single process (`check_ranks`: and no rank of
     an earlier run left); one line naming --out if another process holds either."""

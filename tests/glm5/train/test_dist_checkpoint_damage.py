@@ -91,6 +91,12 @@ def _drop_key(t, m):
     del t[_first_2d(t)]
 
 
+def _drop_state(p: Path) -> None:
+    meta = json.loads(p.read_text())
+    del meta["state"][next(iter(meta["state"]))]  # a parameter would resume with a fresh optimizer state
+    p.write_text(json.dumps(meta))
+
+
 def _fifo(p: Path) -> None:
     p.unlink()
     os.mkfifo(p)
@@ -136,6 +142,14 @@ CASES = [
     ("manifest-json", MANIFEST, lambda p: p.write_text("{"), False, "not valid JSON", False),
     ("optim-missing", O1, Path.unlink, False, "missing", True),
     ("optim-int32", O1, lambda p: _rewrite(p, _int32), True, "int32", True),
+    (
+        "optim-entry-dropped",
+        "trainer/optimizer.json",
+        _drop_state,
+        True,
+        "optimizer state is incomplete",
+        True,
+    ),
     ("state-missing", "trainer/trainer_state.json", Path.unlink, False, "trainer_state.json", True),
     (
         "state-six",
@@ -183,7 +197,10 @@ def test_every_loader_refuses_a_damaged_sharded_checkpoint_naming_the_file(
             verify(ckpt, trainer=True, checksums=False)
 
 
-def test_generate_on_a_sharded_checkpoint_says_how_to_convert_it(run):
-    ckpt = run / "checkpoints" / "latest"
-    res = CliRunner().invoke(main, ["generate", "--model", str(ckpt), "--prompt-ids", "1,2"])
-    _one_error(res, "glm5 checkpoint export-hf")
+def test_generate_and_quantize_on_a_sharded_checkpoint_say_how_to_convert_it(run, tmp_path):
+    ckpt = str(run / "checkpoints" / "latest")
+    for args in (
+        ["generate", "--model", ckpt, "--prompt-ids", "1,2"],
+        ["quantize", "--model", ckpt, "--out", str(tmp_path / "q"), "--format", "fp8"],
+    ):
+        _one_error(CliRunner().invoke(main, args), "glm5 checkpoint export-hf")
