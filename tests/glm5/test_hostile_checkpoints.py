@@ -328,3 +328,39 @@ def test_a_quantized_scale_of_the_wrong_shape_is_refused_by_name(sources, tmp_pa
     with pytest.raises(ValueError) as e:
         load_quantized(path, backend="reference")
     assert name in _one_line(e.value)
+
+
+def _self_link(path):
+    (path / SINGLE).unlink()
+    (path / SINGLE).symlink_to(SINGLE)
+
+
+def _config_list(path):
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = [1]
+    (path / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (_self_link, ("model.safetensors", "cannot be resolved")),
+        (_config_list, ("quantization_config", "list")),
+    ],
+)
+@pytest.mark.parametrize("command", ["generate", "quantize"])
+def test_a_self_symlink_and_a_list_quantization_config_are_one_line(
+    sources, tmp_path, change, words, command
+):
+    path = _copy(sources, "float", tmp_path)
+    change(path)
+    args = ["--model", str(path)]
+    args += (
+        ["--prompt-ids", "1,2"]
+        if command == "generate"
+        else ["--out", str(tmp_path / "q"), "--format", "fp8"]
+    )
+    res = CliRunner().invoke(main, [command, *args])
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
+    assert res.exit_code == 2 and "Traceback" not in res.output, (res.output, repr(res.exception))
+    assert len(errors) == 1 and all(w in errors[0] for w in words), res.output
