@@ -87,12 +87,18 @@ def _bad(f: Path, problem: str) -> BadCheckpointFile:
     return BadCheckpointFile(f, problem)
 
 
-def _lstat_inside(root: Path, name: str) -> os.stat_result:
-    """lstat of root/name, every component below `root` checked: inside it, no symlink, the file regular."""
-    f = root / name
+def _check_name(root: Path, name: str) -> tuple[str, ...]:
+    """The parts of a file name of the manifest, refused if it could leave the checkpoint directory."""
     parts = Path(name).parts
     if not name or os.path.isabs(name) or "\\" in name or ".." in parts or "." in parts:
         raise _bad(root / MANIFEST, f"names {name!r}, outside the checkpoint directory")
+    return parts
+
+
+def _lstat_inside(root: Path, name: str) -> os.stat_result:
+    """lstat of root/name, every component below `root` checked: inside it, no symlink, the file regular."""
+    f = root / name
+    parts = _check_name(root, name)
     for i in range(1, len(parts) + 1):
         p = root.joinpath(*parts[:i])
         try:
@@ -224,6 +230,10 @@ def verify(path: str | Path, trainer: bool, checksums: bool = True) -> dict:
     man = read_manifest(path)
     files = man["files"]
     dirs = ["model", "trainer", "trainer/optim"] if trainer else ["model"]
+    for (
+        name
+    ) in files:  # every name, the parts not loaded here too: a manifest naming a path outside is forged
+        _check_name(path, name)
     need = {n for n in files if n == "config.json" or n.split("/")[0] in {d.split("/")[0] for d in dirs}}
     required = ("trainer/trainer_state.json", "trainer/optimizer.json") if trainer else ()
     for name in ("config.json", *required):

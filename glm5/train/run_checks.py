@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from glm5.core import fsio
-from glm5.core.checkpoint import BadCheckpointFile
+from glm5.core.checkpoint import BadCheckpointFile, read_config
 from glm5.train import dist_state
 from glm5.train.dist_manifest import verify
 from glm5.train.mesh import Mesh
@@ -60,6 +60,7 @@ def check_run(
     if ckpt is not None:
         if dist_state.is_sharded(ckpt):
             verify(ckpt, trainer=True, checksums=checksums)
+            read_config(ckpt)  # what each rank builds its model from: checked here, once
         saved = load_trainer_state(ckpt)
         if cfg.steps <= saved["step"]:
             raise StepsDone(f"must exceed the steps already done ({saved['step']}), got {cfg.steps}")
@@ -70,6 +71,7 @@ def check_run(
             raise BadCheckpointFile(f, f"config: {(str(exc).splitlines() or ['invalid'])[0]}") from None
     if cfg.init and dist_state.is_sharded(cfg.init):
         verify(cfg.init, trainer=False, checksums=checksums)
+        read_config(Path(cfg.init))
     if mesh is not None:
         check_rl_on_mesh(cfg, mesh)
     return ckpt, cfg, saved

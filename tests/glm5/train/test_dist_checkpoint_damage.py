@@ -97,6 +97,12 @@ def _drop_state(p: Path) -> None:
     p.write_text(json.dumps(meta))
 
 
+def _name_outside(p: Path) -> None:
+    man = json.loads(p.read_text())
+    man["files"]["../../../outside.safetensors"] = man["files"][M0]
+    p.write_text(json.dumps(man))
+
+
 def _fifo(p: Path) -> None:
     p.unlink()
     os.mkfifo(p)
@@ -139,6 +145,8 @@ CASES = [
         False,
     ),
     ("manifest-missing", MANIFEST, Path.unlink, False, "missing", False),
+    ("manifest-outside", MANIFEST, _name_outside, False, "outside the checkpoint directory", False),
+    ("config-not-json", "config.json", lambda p: p.write_text("{"), True, "not valid JSON", False),
     ("manifest-json", MANIFEST, lambda p: p.write_text("{"), False, "not valid JSON", False),
     ("optim-missing", O1, Path.unlink, False, "missing", True),
     ("optim-int32", O1, lambda p: _rewrite(p, _int32), True, "int32", True),
