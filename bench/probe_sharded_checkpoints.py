@@ -303,6 +303,7 @@ def probe_kill(tmp: Path, how: str) -> None:
     t0 = time.monotonic()
     while any(_running(r) for r in ranks) and time.monotonic() - t0 < 10:
         time.sleep(0.05)
+    gone_s = time.monotonic() - t0
     left = [r for r in ranks if _running(r)]
     _, err = proc.communicate(timeout=120)
     for r in left:
@@ -310,8 +311,8 @@ def probe_kill(tmp: Path, how: str) -> None:
     lines = [ln for ln in err.splitlines() if ln.strip()]
     outcome, code, line = glm5("train", "--nproc", "2", "--out", str(out), *ARGS, "--steps", "6", "--resume")
     print(
-        f"kill {how:8s}: launcher exit {proc.returncode}, {len(lines)} line(s) on stderr, ranks running "
-        f"after {time.monotonic() - t0:.1f} s: {len(left)}; resume: {outcome} ({code})"
+        f"kill {how:8s}: launcher exit {proc.returncode}, {len(lines)} line(s) on stderr, ranks gone after "
+        f"{gone_s:.2f} s, left running: {len(left)}; resume: {outcome} ({code}) {line[:160] if code else ''}"
     )
     for ln in lines[:3]:
         print(f"    {ln[:200]}")

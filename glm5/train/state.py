@@ -148,14 +148,17 @@ def checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    """The checkpoint `latest` names (a symlink, or the text file older runs wrote), if it exists."""
+    """The checkpoint `latest` names (a symlink, or the text file older runs wrote), if it exists; without
+    `latest`, the newest `step-N` (a run killed between its first publish and pointing `latest` at it: a
+    published checkpoint is complete, the publish is one rename)."""
     f = ckpt_root / LATEST
     if f.is_symlink():
         path = ckpt_root / Path(f.readlink()).name
     elif f.is_file():
         path = ckpt_root / Path(f.read_text().strip()).name
     else:
-        return None
+        found = checkpoints(ckpt_root)
+        return found[-1][1] if found else None
     return path if _STEP.match(path.name) and path.is_dir() else None
 
 

@@ -153,3 +153,14 @@ def test_without_matplotlib_the_plot_message_names_the_extra(tmp_path, monkeypat
     res = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "run"), *ARGS, "--steps", "1"])
     assert res.exit_code == 0, res.output
     assert "pip install 'glm5-backends[train]'" in res.output, res.output
+
+
+def test_a_run_killed_before_latest_pointed_at_its_first_checkpoint_resumes_from_it(run2, tmp_path):
+    """A kill between the publish (one rename: the checkpoint is complete) and `latest`: the newest step."""
+    out = tmp_path / "run"
+    shutil.copytree(run2, out, symlinks=True)
+    (out / "checkpoints" / "latest").unlink()
+    assert latest_checkpoint(out / "checkpoints").name == "step-000002"
+    res = CliRunner().invoke(main, ["train", "--out", str(out), *ARGS, "--steps", "3", "--resume"])
+    assert res.exit_code == 0, res.output
+    assert latest_checkpoint(out / "checkpoints").name == "step-000003"
