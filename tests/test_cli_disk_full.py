@@ -71,3 +71,16 @@ def test_port_init_file_system_refusals_are_one_line(tmp_path, case):
     args = ["port", "init", name] + ([] if where is None else ["--dir", str(where)])
     res = CliRunner().invoke(main, args)
     _one_line(res, 2)
+
+
+def test_conformance_report_on_a_full_disk_is_one_line_exit_1(tmp_path, monkeypatch):
+    from conformance import report
+
+    def full(path, text):
+        raise _full(path)
+
+    monkeypatch.setattr(report, "write_text_report", full)
+    out = tmp_path / "c.json"
+    args = ["conformance", "--backend", "reference", "--ops", "topk", "--suite", "smoke", "--json", str(out)]
+    res = CliRunner().invoke(main, args)
+    _one_line(res, 1, "No space left on device", "c.json")
