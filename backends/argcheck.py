@@ -53,6 +53,9 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
     items = [(n, t) for n, t in tensors.items() if t is not None]
     if not items:
         return
+    for n, t in items:  # a list or a number where a tensor belongs: the same ValueError on every backend
+        if not isinstance(t, torch.Tensor):
+            fail(n, "a torch.Tensor", type(t).__name__)
     first_name, first = items[0]
     for n, t in items[1:]:
         if t.device != first.device:

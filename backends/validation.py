@@ -53,12 +53,20 @@ def _check_layout(layout: object, num_tokens: int, cache: torch.Tensor, cache_na
         fail("layout", f"device {cache.device} (as {cache_name})", layout.device)
 
 
+def check_heads(q: torch.Tensor) -> None:
+    """An indexer's q [T, H_I, D_I] has at least one head and a non-empty head dim (a score summed over
+    no heads is no score: reference and cpu failed in a reshape, onnxruntime returned zeros)."""
+    if q.shape[1] < 1 or q.shape[2] < 1:
+        fail("q", "[T, H_I, D_I] with H_I >= 1 and D_I >= 1", f"shape {_shape(q)}")
+
+
 # -- one checker per op (SPEC 2.x) --------------------------------------------------------------
 
 
 def check_indexer_logits(q, k_cache, weights, layout) -> None:
     check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
     t, h_i, d_i = q.shape
+    check_heads(q)
     check_tensor("k_cache", k_cache, ndim=(2, 3))
     if k_cache.dtype != q.dtype:
         fail("k_cache", f"dtype {q.dtype} (as q)", k_cache.dtype)

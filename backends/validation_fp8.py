@@ -13,6 +13,7 @@ from backends.validation import (
     _check_layout,
     _check_topk_width,
     _shape,
+    check_heads,
     check_int,
     check_same_device,
     check_tensor,
@@ -89,6 +90,7 @@ def _check_fp8_keys(k_cache, k_scale, layout, d_i) -> None:
 def check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:
     check_tensor("q", q, dtype=E4M3, ndim=3)
     t, h_i, d_i = q.shape
+    check_heads(q)
     check_tensor("k_cache", k_cache, dtype=E4M3, ndim=(2, 3))
     check_tensor("weights", weights, dtype=torch.float32, shape=(t, h_i))
     check_same_device(q=q, k_cache=k_cache, k_scale=k_scale, weights=weights)

@@ -147,7 +147,7 @@ def _statuses(known: list[tuple[str, bool, str]], selected: list[str]) -> dict[s
     type=click.Choice(list(SUITE_SETS)),
     default="full",
     show_default=True,
-    help="full = smoke + realistic + adversarial + errors; quick = all but realistic.",
+    help=f"full = {' + '.join(SUITE_SETS['full'])}; quick = {' + '.join(SUITE_SETS['quick'])}.",
 )
 @click.option("--case", "case_glob", default=None, help="Glob over case ids, e.g. 'adversarial/ties*'.")
 @click.option(

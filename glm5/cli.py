@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 
 import click
@@ -38,6 +39,9 @@ SUMMARIES: dict[str, str] = {
     "ops": "Where an op lives: spec section, reference, each backend's file and kernel, cases, tests, bench.",
 }
 
+# a write that failed for want of room or permission on the disk: one line, not a traceback
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
 # the pip extra a command's imports need, for the one-line error when it is missing
 EXTRAS: dict[str, str] = {"export-onnx": "onnx", "train": "train"}
 
@@ -59,6 +63,18 @@ class _LazyGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+    def invoke(self, ctx):
+        """A full (or read-only) disk in any command: one line naming the file, exit 1 (each command's writes
+        are atomic, so nothing of the output was published)."""
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            if exc.errno not in DISK_ERRNOS:
+                raise
+            from glm5.core.fsio import describe
+
+            raise click.ClickException(f"{describe(exc)} (nothing of this output was published)") from None
 
     def get_command(self, ctx, name):
         if name not in SUBCOMMANDS:

@@ -15,14 +15,20 @@ import click
 _ALIAS_KEY = "glm5.model_alias"
 
 
-def _checked(value: str | Path | None, quantized: bool | None) -> Path | None:
-    """The checkpoint directory `value` (symlinks such as run/checkpoints/latest resolved) or BadParameter."""
+def _checked(value: str | Path | None, quantized: bool | None, sharded: bool = False) -> Path | None:
+    """The checkpoint directory `value` (symlinks such as run/checkpoints/latest resolved) or BadParameter;
+    a sharded training checkpoint only where `sharded` (elsewhere: how to convert it)."""
     if value is None:
         return None
     from glm5.core.checkpoint import check_dir
 
     try:
         path = check_dir(value)
+        if not sharded and (path / "model").is_dir() and not any(path.glob("*.safetensors")):
+            raise ValueError(
+                f"{path} is a sharded checkpoint of glm5 train --nproc N; convert it first: "
+                f"glm5 checkpoint export-hf {path} HF_DIR, then pass HF_DIR"
+            )
         if quantized is not None:
             from quant.load import is_quantized
 
@@ -40,9 +46,11 @@ def model_option(
     required: bool = False,
     aliases: tuple[str, ...] = (),
     quantized: bool | None = None,
+    sharded: bool = False,
 ) -> Callable:
     """`--model DIR` (parameter `model_path`), validated as a checkpoint; `aliases` (e.g. "--checkpoint")
-    are hidden deprecated spellings of it. quantized=False/True also refuses the other kind."""
+    are hidden deprecated spellings of it. quantized=False/True also refuses the other kind; a sharded
+    training checkpoint is refused unless `sharded`, saying how to convert it."""
 
     def remember(ctx: click.Context, param: click.Parameter, value: Any) -> None:
         if value is not None:
@@ -58,7 +66,7 @@ def model_option(
         value = value if value is not None else alias
         if value is None and required:
             raise click.MissingParameter(param=param, ctx=ctx)
-        return _checked(value, quantized)
+        return _checked(value, quantized, sharded)
 
     def deco(f: Callable) -> Callable:
         f = click.option(

@@ -30,6 +30,10 @@ def detect_format(path: str | Path) -> str | None:
         return modelslim.FORMAT
     if (path / "config.json").exists():
         qc = read_config(path).get("quantization_config")
+        if qc is not None and not isinstance(qc, dict):
+            raise ValueError(
+                f"{path / 'config.json'}: quantization_config: expected an object, got {type(qc).__name__}"
+            )
         if qc:
             if qc.get("quant_method") == fp8.FORMAT:
                 return fp8.FORMAT  # GLM-5-FP8 / DeepSeek block FP8 (quant/formats/fp8.py)

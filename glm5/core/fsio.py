@@ -355,8 +355,10 @@ def inside(root: Path, name: str, what: str) -> Path:
     parts = Path(name).parts
     if ".." in parts:
         raise ValueError(f"{what}: expected a file name inside {root}, got {name!r} (leaves the directory)")
-    real_root = root.resolve()
-    p = (root / name).resolve()
+    try:
+        real_root, p = root.resolve(), (root / name).resolve()
+    except (RuntimeError, OSError) as exc:  # Python 3.11 raises RuntimeError on a symlink loop
+        raise ValueError(f"{what}: {name!r} cannot be resolved ({exc})") from None
     if real_root not in p.parents:
         raise ValueError(f"{what}: {name!r} resolves to {p}, outside {real_root}")
     regular_file(p, what)

@@ -19,7 +19,7 @@ from glm5.deploy.plugin import PluginPlan, plugin_backend, plugin_plan
 
 DP_RPC_PORT = 13389
 
-FORMATS = ("bf16", "W8A8", "W4A8")
+FORMATS = ("bf16", "FP8", "W8A8", "W4A8")
 #: what each engine's own GLM-5 serves (the engines' quantization support; issue 15's findings)
 NATIVE_FORMATS: dict[str, dict[str, tuple[bool, str]]] = {
     "vllm": {
@@ -48,6 +48,12 @@ PLUGIN_NEEDS = {
     ],
     "W8A8": [("dynamic_quant_int8", "bfloat16"), ("w8a8_matmul", "bfloat16"), ("grouped_matmul", "w8a8")],
     "W4A8": [("dynamic_quant_int8", "bfloat16"), ("w8a8_matmul", "bfloat16"), ("grouped_matmul", "w4a8")],
+    # GLM-5-FP8 as published: FP8Linear / FP8Experts (quant/fp8_modules.py)
+    "FP8": [
+        ("fp8_quant_group", "bfloat16"),
+        ("fp8_block_matmul", "bfloat16"),
+        ("fp8_grouped_matmul", "bfloat16"),
+    ],
 }
 
 

@@ -29,6 +29,14 @@ def init_cmd(name: str, directory: str | None, force: bool) -> None:
     except PortError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    except OSError as exc:  # a name too long for the file system, a symlink loop, a read-only parent
+        from glm5.cli import DISK_ERRNOS
+        from glm5.core.fsio import describe
+
+        if exc.errno in DISK_ERRNOS:
+            raise  # a full disk: glm5's one line, exit 1
+        click.echo(f"error: --dir: {describe(exc)}", err=True)
+        sys.exit(2)
     click.echo(f"wrote {len(written)} files to {root}")
     click.echo(f"next: pip install -e {root} && glm5 conformance --backend {name}  (steps: {root}/README.md)")
 

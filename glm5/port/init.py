@@ -151,7 +151,11 @@ def _escape(root: Path, rel: str) -> str | None:
                 f"--dir: {str(path)!r} is a symlink (to {os.readlink(path)!r}); refusing to write through it "
                 "(remove it, or choose another --dir)"
             )
-    if not (root / rel).resolve().is_relative_to(root.resolve()):
+    try:
+        inside = (root / rel).resolve().is_relative_to(root.resolve())
+    except (RuntimeError, OSError) as exc:  # Python 3.11's resolve raises RuntimeError on a symlink loop
+        return f"--dir: {str(root)!r} cannot be resolved ({exc})"
+    if not inside:
         return f"--dir: {str(root / rel)!r} resolves outside {str(root)!r}"
     return None
 

@@ -3,11 +3,9 @@ rl) on its own rollouts with the IcePop objective."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import sys
 
 import click
 
@@ -18,11 +16,12 @@ from glm5.cli_args import (
     check_preset_fits,
     model_option,
     one_line_errors,
-    one_writer,
 )
 from glm5.core import fsio
 from glm5.threads import command_threads
+from glm5.train import ownership
 from glm5.train.cli_checks import (
+    check_options_used,
     check_plan_fits,
     check_resumable_sharded,
     check_resume_options,
@@ -83,6 +82,7 @@ _POS_FLOAT = _FiniteFloat(min=0, min_open=True)
     help="Start from this checkpoint's weights (e.g. RUN/checkpoints/latest) instead of --config.",
     aliases=("--init",),
     quantized=False,
+    sharded=True,
 )
 @click.option(
     "--batch-size",
@@ -298,7 +298,15 @@ def train(
     """Train GLM-5 with Muon Split, MTP and the DSA stages, or RL with IcePop (--stage rl); metrics.jsonl,
     loss.png, checkpoints in OUT."""
     from glm5.train import distributed, rl_async
-    from glm5.train.loop import Diverged, NothingToResume, RunExists, StepsDone, TrainConfig, Trainer
+    from glm5.train.loop import (
+        Diverged,
+        NothingToResume,
+        RunExists,
+        StepsDone,
+        TrainConfig,
+        Trainer,
+        check_run,
+    )
     from glm5.train.plots import plot_metrics
 
     if rollout_engine == "vllm":
@@ -311,6 +319,7 @@ def train(
                 param_hint="'--rollout-engine'",
             )
     parallel = parallel_options(nproc, mesh, stage, batch_size, layout_invariant)
+    check_options_used(stage, rollout_engine, parallel, resume)
     microbatches = pipeline_options(
         parallel,
         stage,
@@ -370,27 +379,21 @@ def train(
         )
     out = run_dir(out, resume)
     ranked = distributed.under_torchrun()
-    # one writer: this process, or (a rank) the launcher that started it, or (plain torchrun) rank 0
-    lock = (
-        contextlib.nullcontext()
-        if ranked and (distributed.lock_held_by_launcher() or distributed.rank())
-        else one_writer(out, out / ".lock")
-    )
-    with lock:  # inside the run directory: its parent may not be ours
+    lock = ownership.owner(out)  # this process's locks of the run (a rank: and its death with the launcher)
+    with lock, ownership.on_interrupt(out, rank=ranked):
         # a checkpoint a killed save set aside is put back before the resume check reads it (the Trainer
         # does it too, for library callers)
         fsio.recover(out / "checkpoints")
         if resume:
-            check_resume_options(cfg, out)
-        if parallel is not None and not ranked:
-            check_resumable_sharded(out, resume)
-            sys.stdout.flush()
-            code = distributed.launch(sys.argv[1:], nproc)
-            if code:
-                raise SystemExit(code)
-            return
+            with one_line_errors():  # a broken trainer_state.json: one line naming it
+                check_resume_options(cfg, out)
+        launcher = parallel is not None and not ranked
         try:
-            trainer = Trainer(cfg, out, resume=resume, mesh=parallel, zero=int(zero))
+            if launcher:  # what a rank would refuse without a process group: refused here, once, at once
+                check_run(cfg, out, resume, parallel)
+                check_resumable_sharded(out, resume)
+            else:
+                trainer = Trainer(cfg, out, resume=resume, mesh=parallel, zero=int(zero))
         except RunExists as exc:
             raise click.BadParameter(str(exc), param_hint="'--out'") from None
         except NothingToResume as exc:
@@ -399,6 +402,9 @@ def train(
             raise click.BadParameter(str(exc), param_hint="'--steps'") from None
         except ValueError as exc:  # e.g. a held-out split too small for the asked windows
             raise click.UsageError((str(exc).splitlines() or [type(exc).__name__])[0]) from None
+        if launcher:
+            ownership.launch(out, nproc)  # SystemExit with the ranks' code, one line for a dead rank
+            return
         try:
             with one_line_errors():
                 summary = trainer.run(progress=not quiet)
@@ -417,7 +423,9 @@ def train(
             plot_metrics(out / "metrics.jsonl", out / "loss.png", summary["init_eval_loss"])
         except ImportError as exc:
             click.echo(
-                f"loss.png not written: {exc} (install the 'train' extra: pip install matplotlib)", err=True
+                f"loss.png not written: {exc} (the plot needs the 'train' extra: pip install "
+                "'glm5-backends[train]'; metrics.jsonl holds every number)",
+                err=True,
             )
         if rollout_check:
             from glm5.train.rollout import rollout_check as check

@@ -193,3 +193,33 @@ def check_resume_options(cfg, out: Path) -> None:
                 "options (only --steps may change)",
                 param_hint=f"'{param.opts[0]}'",
             )
+
+
+def check_options_used(stage: str, rollout_engine: str, parallel, resume: bool) -> None:
+    """An option given on the command line that does nothing in this configuration is refused, naming what
+    it needs (it used to be ignored while the run trained). On --resume the saved options decide, and
+    check_resume_options refuses any that differ."""
+    ctx = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+    if resume:
+        return
+    dp = parallel.dp if parallel is not None else 1
+    needs = (
+        ("rollout_engine", rollout_engine != "sync" and stage != "rl", "--stage rl (it samples rollouts)"),
+        ("push_every", rollout_engine == "sync", "a rollout engine (--rollout-engine policy|vllm)"),
+        ("max_staleness", rollout_engine == "sync", "a rollout engine (--rollout-engine policy|vllm)"),
+        (
+            "engine_tp",
+            rollout_engine != "vllm",
+            "--rollout-engine vllm (the policy engine samples with the trainer's own layout)",
+        ),
+        ("zero", dp == 1, "data parallelism (--nproc N with dp > 1: FSDP2 shards over the dp ranks)"),
+    )
+    for name, unused, what in needs:
+        if given(name) and unused:
+            raise click.BadParameter(
+                f"does nothing in this run: only with {what}", param_hint=f"'--{name.replace('_', '-')}'"
+            )

@@ -2,7 +2,8 @@
 Hugging Face storage keeps each rank's shard offsets in the safetensors header, not in a pickled
 .metadata file):
 
-    DIR/checkpoints/step-000200/  config.json
+    DIR/checkpoints/step-000200/  config.json, manifest.json (each file's size and sha256, every tensor's
+                                                 shape and dtype: glm5/train/dist_manifest.py)
       model/shard-0000R-model-00001-of-00001.safetensors     (each rank's shards of the model)
       trainer/optim/shard-...safetensors, trainer/optimizer.json   (optimizer tensors; the rest in JSON)
       trainer/rng-rankR.safetensors, trainer/trainer_state.json    (per-rank RNG; step, run options, world)
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -36,6 +38,14 @@ from torch.distributed.tensor import DTensor, Shard
 from glm5.core import fsio
 from glm5.core.checkpoint import open_tensors, read_config, read_json
 from glm5.core.config import GLM5Config
+from glm5.train.dist_manifest import (
+    MANIFEST,
+    checkpoint_files,
+    file_record,
+    manifest_text,
+    tensor_specs,
+    verify,
+)
 from glm5.train.pipeline_run import merged_optimizer_meta
 from glm5.train.pipeline_stages import pipeline_part
 from glm5.train.state import LATEST, STAGING, TRAINER, checkpoints, rng_state, set_rng_state
@@ -62,16 +72,36 @@ def _writer(path: Path) -> HuggingFaceStorageWriter:
     return HuggingFaceStorageWriter(str(path), save_distributed=True)
 
 
+def _unwrap(exc: CheckpointException, path: Path) -> Exception:
+    """DCP's CheckpointException (a BaseException holding each rank's error and traceback) as the error it
+    wraps: an OSError as is (a full disk: one line naming the file), anything else a ValueError naming
+    `path` in one line."""
+    errors = [e for e, _ in exc.failures.values()]
+    for e in errors:
+        if isinstance(e, OSError):
+            return e
+    first = errors[0] if errors else exc
+    return ValueError(f"{path}: {type(first).__name__}: {(str(first).splitlines() or [''])[0]}")
+
+
 def _save(state: dict[str, torch.Tensor], path: Path) -> None:
     with warnings.catch_warnings():  # one process without a process group is this module's intent
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        dcp.save(state, storage_writer=_writer(path), no_dist=not dist.is_initialized())
+        try:
+            dcp.save(state, storage_writer=_writer(path), no_dist=not dist.is_initialized())
+        except CheckpointException as exc:
+            raise _unwrap(exc, path) from None
 
 
 def _load(state: dict[str, torch.Tensor], path: Path) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=not dist.is_initialized())
+        try:
+            dcp.load(
+                state, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=not dist.is_initialized()
+            )
+        except CheckpointException as exc:
+            raise _unwrap(exc, path) from None
 
 
 def _plan(model: torch.nn.Module) -> dict:
@@ -145,7 +175,8 @@ def save_sharded(
         meta = merged_optimizer_meta(model, meta)  # a pipeline rank's: every rank's, in the model's order
         plan = _plan(model)
         tensors = {k: _global(v, plan.get(k.rsplit(":", 1)[0]), mesh) for k, v in tensors.items()}
-        _save(_model_state(model, mesh), d / MODEL)
+        model_state = _model_state(model, mesh)
+        _save(model_state, d / MODEL)
         _save(tensors, d / TRAINER / OPTIM)
         fsio.save_tensors(rng_state(), d / TRAINER / f"rng-rank{rank}.safetensors")
         if rank == 0:
@@ -156,7 +187,8 @@ def save_sharded(
                 d / TRAINER / "trainer_state.json",
                 json.dumps(dict(trainer, step=step, world=world), indent=2) + "\n",
             )
-        _barrier()  # every shard is written before rank 0 publishes
+        _barrier()  # every shard is written before rank 0 lists them
+        _write_manifest(d, {"model": tensor_specs(model_state), "optim": tensor_specs(tensors)})
         if rank == 0:
             fsio.publish_dir(d, final, STAGING)
             fsio.point_symlink(ckpt_root / LATEST, name)
@@ -168,6 +200,26 @@ def save_sharded(
         if rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+def _write_manifest(d: Path, specs: dict[str, dict]) -> None:
+    """Every rank calls it once the checkpoint `d` is complete: each hashes its share of the files, rank 0
+    writes manifest.json (glm5/train/dist_manifest.py) with every rank's tensors (a pipeline rank saves
+    its stage's)."""
+    rank, world = _rank(), dist.get_world_size() if dist.is_initialized() else 1
+    box: list[Any] = [checkpoint_files(d) if rank == 0 else None]
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    mine = ({n: file_record(d / n) for n in box[0][rank::world]}, specs)
+    every: list[Any] = [None] * world
+    if dist.is_initialized():
+        dist.all_gather_object(every, mine)
+    else:
+        every = [mine]
+    if rank == 0:
+        files = {n: r for f, _ in every for n, r in f.items()}
+        tensors = {part: {k: v for _, s in every for k, v in s.get(part, {}).items()} for part in specs}
+        fsio.write_text(d / MANIFEST, manifest_text(files, tensors))
 
 
 def load_model(path: Path, model: torch.nn.Module, mesh: DeviceMesh | None = None) -> None:
@@ -256,7 +308,9 @@ def empty_model(path: Path, backend: str | None = None) -> torch.nn.Module:
 
 
 def model_from(path: Path, backend: str | None = None) -> torch.nn.Module:
-    """A whole (unsharded) GLM5ForCausalLM with the weights of the sharded checkpoint `path`."""
+    """A whole (unsharded) GLM5ForCausalLM with the weights of the sharded checkpoint `path`, verified
+    against its manifest first."""
+    verify(path, trainer=False)
     model = empty_model(path, backend)
     load_model(path, model)
     return model
@@ -283,8 +337,10 @@ def import_hf(src: Path, out: Path) -> None:
     staging = fsio.staging_dir(out.parent, f".{out.name}{STAGING}")
     try:
         d = staging / out.name
-        _save(get_model_state_dict(model), d / MODEL)
+        state = get_model_state_dict(model)
+        _save(state, d / MODEL)
         fsio.write_text(d / "config.json", json.dumps(model.config.to_dict(), indent=2) + "\n")
+        _write_manifest(d, {"model": tensor_specs(state)})
         fsio.publish_dir(d, out, f".{out.name}{STAGING}")
     finally:
         shutil.rmtree(staging, ignore_errors=True)

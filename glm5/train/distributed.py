@@ -50,9 +50,10 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def launch(argv: list[str], nproc: int) -> int:
-    """Run `glm5 <argv>` on `nproc` local processes under torchrun; the exit code of the first failed
-    rank (0 when every rank succeeded). The caller holds the run's lock; its ranks are told so."""
+def launch(argv: list[str], nproc: int) -> dict:
+    """Run `glm5 <argv>` on `nproc` local processes under torchrun; the failed ranks (rank -> torch elastic's
+    ProcessFailure: exitcode, negative for a signal; pid), empty if none failed. A SIGINT / SIGTERM of the
+    launcher stops the ranks and raises SignalException. The caller holds the run's lock (ownership.py)."""
     import uuid
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -73,11 +74,10 @@ def launch(argv: list[str], nproc: int) -> int:
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "glm5.cli", *argv)
     except ChildFailedError as exc:
-        codes = [f.exitcode for _, f in sorted(exc.failures.items())]
-        return next((c for c in codes if c), 1)
+        return dict(exc.failures)
     finally:
         os.environ.pop(LOCK_HOLDER_ENV, None)
-    return 0
+    return {}
 
 
 def lock_held_by_launcher() -> bool:

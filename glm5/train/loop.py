@@ -32,19 +32,14 @@ from glm5.train.options import TrainConfig, set_determinism
 from glm5.train.pipeline_run import PipelineDist, pipeline_evaluate, pipeline_step
 from glm5.train.rl import RLContext, rl_step
 from glm5.train.rl_async import async_rl_step
-from glm5.train.state import checkpoints, latest_checkpoint, load_into, load_trainer_state, save_checkpoint
-
-
-class RunExists(ValueError):
-    """`out` already holds a training run and --resume was not given: nothing is overwritten."""
-
-
-class NothingToResume(ValueError):
-    """--resume, but `out` holds no complete checkpoint."""
-
-
-class StepsDone(ValueError):
-    """--resume with a `steps` the run has already reached: there is nothing to train."""
+from glm5.train.run_checks import (  # noqa: F401 - RunExists, NothingToResume, StepsDone: caught by callers here
+    NothingToResume,
+    RunExists,
+    StepsDone,
+    check_rl_on_mesh,
+    check_run,
+)
+from glm5.train.state import load_into, save_checkpoint
 
 
 class Diverged(RuntimeError):
@@ -70,29 +65,12 @@ class Trainer:
         self.out = Path(out)
         self.ckpt_root = self.out / "checkpoints"
         self.start_step, self.init_eval = 0, None
-        fsio.recover(self.ckpt_root)  # a checkpoint a killed save set aside is put back first
-        if not resume:
-            held = existing_run(self.out)
-            if held:
-                raise RunExists(
-                    f"{self.out} already holds a run ({held}); pass --resume to continue it, or choose "
-                    "another --out"
-                )
-        ckpt = latest_checkpoint(self.ckpt_root) if resume else None
-        if resume and ckpt is None:
-            raise NothingToResume(
-                f"no checkpoint to resume under {self.ckpt_root}"
-                + (
-                    " (the run stopped before its first save: run it again without --resume to start it over)"
-                    if (self.out / "metrics.jsonl").exists()
-                    else ""
-                )
-            )
-        if ckpt is not None:
-            saved = load_trainer_state(ckpt)
-            if cfg.steps <= saved["step"]:
-                raise StepsDone(f"must exceed the steps already done ({saved['step']}), got {cfg.steps}")
-            cfg = TrainConfig(**dict(saved["config"], steps=cfg.steps))
+        from glm5.train.distributed import lock_held_by_launcher
+
+        # a rank of `glm5 train --nproc N`: its launcher read the checksums, the rank checks the rest
+        checksums = mesh is None or not lock_held_by_launcher()
+        ckpt, cfg, saved = check_run(cfg, self.out, resume, checksums=checksums)
+        if saved is not None:
             self.start_step, self.init_eval = saved["step"], saved.get("init_eval_loss")
         self.cfg = cfg
         set_determinism(cfg)
@@ -116,7 +94,7 @@ class Trainer:
         if mesh is not None:
             from glm5.train.distributed import Dist
 
-            _check_rl_on_mesh(cfg, mesh)
+            check_rl_on_mesh(cfg, mesh)
             plain = ckpt if sharded is None else None
             if mesh.pp > 1:
                 self.dist = PipelineDist.for_pipeline(mesh, cfg, self.model, plain)
@@ -305,22 +283,6 @@ class Trainer:
             )
 
 
-def _check_rl_on_mesh(cfg: TrainConfig, mesh: Mesh) -> None:
-    """Stage rl on several processes: each dp rank's rollouts split into the minibatches, sampled by the
-    sharded policy itself (bf16; the FP8 copy is built from whole weights)."""
-    if cfg.stage != "rl":
-        return
-    rows = cfg.batch_size // mesh.dp * cfg.group_size
-    if cfg.batch_size % mesh.dp or rows % cfg.minibatches:
-        raise ValueError(
-            f"minibatches: expected a divisor of each dp rank's rollouts (batch_size / dp * "
-            f"group_size = {cfg.batch_size} / {mesh.dp} * {cfg.group_size}), got "
-            f"{cfg.minibatches}"
-        )
-    if cfg.rollout_precision != "bf16":
-        raise ValueError("rollout_precision: fp8 on several processes is not in this build yet (use bf16)")
-
-
 def _check_finite(rec: dict, done: int) -> None:
     """Diverged if the step's loss or gradient norm is NaN or infinite."""
     for key in ("loss", "grad_norm", "eval_loss"):
@@ -332,26 +294,13 @@ def _check_finite(rec: dict, done: int) -> None:
             )
 
 
-def existing_run(out: Path) -> str:
-    """What of a training run `out` already holds that a new run would replace ('' if nothing): its
-    checkpoints. A run killed before its first checkpoint holds only the metrics of steps it cannot
-    continue from, and is started over."""
-    n = len(checkpoints(out / "checkpoints"))
-    if not n:
-        return ""
-    return ", ".join(
-        [f"{n} checkpoint(s) in checkpoints/"]
-        + [f for f in ("metrics.jsonl", "summary.json") if (out / f).exists()]
-    )
-
-
 def foreign_entries(out: Path) -> list[str]:
     """The entries of `out` that are not a training run's (RUN_FILES, and the temporaries of its atomic
     writes)."""
     if not out.is_dir():
         return []
-    tmp = tuple(f".{n}.tmp-" for n in RUN_FILES)
-    return sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES and not p.name.startswith(tmp))
+    ours = (*(f".{n}.tmp-" for n in RUN_FILES), ".lock.rank")  # and the ranks' locks (train/ownership.py)
+    return sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES and not p.name.startswith(ours))
 
 
 def _records(path: Path) -> list[dict]:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from glm5.core import fsio
-from glm5.core.checkpoint import open_tensors, read_json
+from glm5.core.checkpoint import BadCheckpointFile, open_tensors, read_json
 
 LATEST = "latest"
 TRAINER = "trainer"
@@ -148,19 +148,31 @@ def checkpoints(ckpt_root: Path) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    """The checkpoint `latest` names (a symlink, or the text file older runs wrote), if it exists."""
+    """The checkpoint `latest` names (a symlink, or the text file older runs wrote), if it exists; without
+    `latest`, the newest `step-N` (a run killed between its first publish and pointing `latest` at it: a
+    published checkpoint is complete, the publish is one rename)."""
     f = ckpt_root / LATEST
     if f.is_symlink():
         path = ckpt_root / Path(f.readlink()).name
     elif f.is_file():
         path = ckpt_root / Path(f.read_text().strip()).name
     else:
-        return None
+        found = checkpoints(ckpt_root)
+        return found[-1][1] if found else None
     return path if _STEP.match(path.name) and path.is_dir() else None
 
 
 def load_trainer_state(path: Path) -> dict:
-    return read_json(path / TRAINER, "trainer_state.json")
+    """TRAINER/trainer_state.json of the checkpoint `path`: an object with the integer `step` >= 0 and the
+    run's `config` (BadCheckpointFile naming it otherwise)."""
+    state = read_json(path / TRAINER, "trainer_state.json")
+    step = state.get("step") if isinstance(state, dict) else None
+    if not (type(step) is int and step >= 0 and isinstance(state.get("config"), dict)):
+        raise BadCheckpointFile(
+            path / TRAINER / "trainer_state.json",
+            "expected an object with an integer 'step' >= 0 and the run's 'config' object",
+        )
+    return state
 
 
 def _read_tensors(f: Path) -> dict[str, torch.Tensor]:

@@ -24,7 +24,14 @@ import torch
 from torch import nn
 
 from backends.formats import BLOCK, E4M3, cdiv, dequantize_weight_blocks, quantize_weight_blocks
-from glm5.core.checkpoint import FLOAT_DTYPES, CheckpointError, config_json, expected_shapes, fit_report
+from glm5.core.checkpoint import (
+    FLOAT_DTYPES,
+    BadCheckpointFile,
+    CheckpointError,
+    config_json,
+    expected_shapes,
+    fit_report,
+)
 from glm5.core.moe import Experts
 from quant.formats.common import Scope, TensorReader, write_checkpoint
 from quant.fp8_modules import EXPERT_PROJS, FP8Experts, FP8Linear
@@ -195,11 +202,16 @@ class DequantizingReader(TensorReader):
         return fit_report(model, self._raw.where, self._raw.shape, copies, expected)
 
     def fp8_pair(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(e4m3 weight, fp32 scale_inv) of the FP8 weight `name`, as stored (checked dtypes, finite)."""
+        """(e4m3 weight, fp32 scale_inv) of the FP8 weight `name`, as stored (checked dtypes, finite, the
+        scales > 0)."""
         if self.fp8 is None:
             raise RuntimeError("DequantizingReader: call fit(model, copies) before reading tensors")
         q = super().get(name, {E4M3})
-        return q, self._raw.get(f"{name}{SCALE_SUFFIX}", FLOAT_DTYPES).float()
+        key = f"{name}{SCALE_SUFFIX}"
+        scale = self._raw.get(key, FLOAT_DTYPES).float()
+        if not bool((scale > 0).all()):  # a multiplier <= 0 would negate or zero the block's weights
+            raise BadCheckpointFile(self._raw.where[key], f"tensor {key} holds a scale <= 0 (expected > 0)")
+        return q, scale
 
     def get(self, name: str, dtypes: Any = FLOAT_DTYPES) -> torch.Tensor:
         """The tensor `name` in float: an FP8 weight de-quantized to `dtype`, any other as stored (of

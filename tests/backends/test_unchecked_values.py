@@ -173,3 +173,16 @@ def test_meta_layout_gets_one_line_not_a_copy_error(be):
 def test_meta_through_the_custom_op_uses_its_fake(be):
     values, indices = torch.ops.glm5.topk(torch.randn(2, 8, device="meta"), 3, None, be.key)
     assert values.device.type == "meta" and values.shape == (2, 3) and indices.dtype == torch.int32
+
+
+def test_indexer_with_no_heads_and_a_list_for_a_tensor_are_one_value_error_on_every_backend(be):
+    """Zero indexer heads failed in a reshape on reference and cpu and returned zeros on onnxruntime; a
+    list for k_scale raised AttributeError: now the front door's ValueError naming the argument."""
+    lay = SeqLayout.from_lengths([2], [4])
+    q, k, w = torch.zeros(2, 0, 8), torch.zeros(4, 8), torch.zeros(2, 0)
+    with pytest.raises(ValueError, match=r"^q: expected \[T, H_I, D_I\] with H_I >= 1"):
+        be.indexer_topk(q, k, w, lay, topk=2)
+    e4m3 = torch.float8_e4m3fn
+    q8, k8, w8 = torch.zeros(2, 2, 8, dtype=e4m3), torch.zeros(4, 8, dtype=e4m3), torch.zeros(2, 2)
+    with pytest.raises(ValueError, match="^k_scale: expected a torch.Tensor, got list"):
+        be.fp8_indexer_topk(q8, k8, [1.0] * 4, w8, lay, topk=2)

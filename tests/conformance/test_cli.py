@@ -104,3 +104,23 @@ def test_reference_alone_says_it_compared_with_itself(tmp_path):
     rep = json.loads((tmp_path / "r.json").read_text())["report"]
     assert any("only the reference ran" in n for n in rep["notes"])
     assert {b["status"] for b in rep["backends"] if b["name"] != "reference"} == {"skipped"}
+
+
+def test_help_names_every_suite_full_and_quick_run():
+    from conformance.case import SUITE_SETS
+
+    text = " ".join(CliRunner().invoke(conformance, ["--help"]).output.split())
+    for name in ("full", "quick"):
+        assert f"{name} = {' + '.join(SUITE_SETS[name])}" in text, text
+
+
+def test_the_readme_main_job_writes_its_reports_where_git_ignores_them():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text().splitlines()
+    line = next(ln for ln in readme if "glm5 conformance --suite" in ln)
+    ignored = [ln.strip("/") for ln in (root / ".gitignore").read_text().splitlines() if ln.startswith("/")]
+    for opt in ("--json", "--markdown"):
+        path = line.split(f"{opt} ", 1)[1].split()[0]
+        assert Path(path).parts[0] in ignored, (opt, path)

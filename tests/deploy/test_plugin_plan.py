@@ -31,6 +31,7 @@ def test_plan_json_has_the_plugin_command_and_formats():
     native = p["formats"]["vllm"]
     assert native["W4A8"]["ok"] is False and "AMX" in native["W4A8"]["why"]
     assert native["W8A8"]["ok"] is True and native["bf16"]["ok"] is True
+    assert native["FP8"]["ok"] is True  # the plan's default recipe on h200x8 has its row
     plugin = p["formats"]["vllm + plugin (cuda)"]
     # the cuda backend declares grouped_matmul[w4a8]; without triton its table is empty, so "unknown"
     assert plugin["W4A8"]["ok"] is (True if importlib.util.find_spec("triton") else None)
@@ -39,5 +40,5 @@ def test_plan_json_has_the_plugin_command_and_formats():
 def test_plan_text_on_ascend_says_vllm_ascend_serves_w4a8():
     r = _plan("atlas-800t-a2")
     assert r.exit_code == 0, r.output
-    assert "vllm-ascend: bf16 yes, W8A8 yes, W4A8 yes" in r.output
+    assert "vllm-ascend: bf16 yes, FP8 no, W8A8 yes, W4A8 yes" in r.output
     assert "serve with the glm5 vLLM plugin" in r.output and "GLM5_BACKEND=ascend vllm serve" in r.output

@@ -286,6 +286,18 @@ def test_nonfinite_fp8_weights_and_scales_are_refused(sources, tmp_path, loader,
     assert name in msg and SINGLE in msg and "NaN or inf" in msg
 
 
+@pytest.mark.parametrize("loader", sorted(FP8_LOADERS))
+@pytest.mark.parametrize("value", [-1.0, 0.0])
+def test_fp8_scales_that_are_not_positive_are_refused_by_name(sources, tmp_path, loader, value):
+    path = _copy(sources, "fp8", tmp_path)
+    name = f"{DENSE}.up_proj.weight_scale_inv"  # a negative multiplier would load the block negated
+    _edit(path, _poison(name, value))
+    with pytest.raises(BadCheckpointFile) as e:
+        FP8_LOADERS[loader](path)
+    msg = _one_line(e.value)
+    assert name in msg and SINGLE in msg and "scale <= 0" in msg
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.bool, torch.float64, torch.float8_e4m3fn])
 @pytest.mark.parametrize("loader", sorted(FLOAT_LOADERS))
 def test_a_tensor_of_a_dtype_a_float_checkpoint_does_not_hold_is_refused(sources, tmp_path, loader, dtype):
@@ -316,3 +328,39 @@ def test_a_quantized_scale_of_the_wrong_shape_is_refused_by_name(sources, tmp_pa
     with pytest.raises(ValueError) as e:
         load_quantized(path, backend="reference")
     assert name in _one_line(e.value)
+
+
+def _self_link(path):
+    (path / SINGLE).unlink()
+    (path / SINGLE).symlink_to(SINGLE)
+
+
+def _config_list(path):
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = [1]
+    (path / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (_self_link, ("model.safetensors", "cannot be resolved")),
+        (_config_list, ("quantization_config", "list")),
+    ],
+)
+@pytest.mark.parametrize("command", ["generate", "quantize"])
+def test_a_self_symlink_and_a_list_quantization_config_are_one_line(
+    sources, tmp_path, change, words, command
+):
+    path = _copy(sources, "float", tmp_path)
+    change(path)
+    args = ["--model", str(path)]
+    args += (
+        ["--prompt-ids", "1,2"]
+        if command == "generate"
+        else ["--out", str(tmp_path / "q"), "--format", "fp8"]
+    )
+    res = CliRunner().invoke(main, [command, *args])
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
+    assert res.exit_code == 2 and "Traceback" not in res.output, (res.output, repr(res.exception))
+    assert len(errors) == 1 and all(w in errors[0] for w in words), res.output
