@@ -297,16 +297,8 @@ def train(
 ) -> None:
     """Train GLM-5 with Muon Split, MTP and the DSA stages, or RL with IcePop (--stage rl); metrics.jsonl,
     loss.png, checkpoints in OUT."""
-    from glm5.train import distributed, rl_async
-    from glm5.train.loop import (
-        Diverged,
-        NothingToResume,
-        RunExists,
-        StepsDone,
-        TrainConfig,
-        Trainer,
-        check_run,
-    )
+    from glm5.train import distributed, loop, rl_async
+    from glm5.train.loop import TrainConfig, Trainer, check_run
     from glm5.train.plots import plot_metrics
 
     if rollout_engine == "vllm":
@@ -394,11 +386,11 @@ def train(
                 check_resumable_sharded(out, resume)
             else:
                 trainer = Trainer(cfg, out, resume=resume, mesh=parallel, zero=int(zero))
-        except RunExists as exc:
+        except loop.RunExists as exc:
             raise click.BadParameter(str(exc), param_hint="'--out'") from None
-        except NothingToResume as exc:
+        except loop.NothingToResume as exc:
             raise click.BadParameter(str(exc), param_hint="'--resume'") from None
-        except StepsDone as exc:
+        except loop.StepsDone as exc:
             raise click.BadParameter(str(exc), param_hint="'--steps'") from None
         except ValueError as exc:  # e.g. a held-out split too small for the asked windows
             raise click.UsageError((str(exc).splitlines() or [type(exc).__name__])[0]) from None
@@ -408,7 +400,7 @@ def train(
         try:
             with one_line_errors():
                 summary = trainer.run(progress=not quiet)
-        except (Diverged, rl_async.EngineFailed) as exc:
+        except (loop.Diverged, rl_async.EngineFailed) as exc:
             raise click.ClickException(str(exc)) from None
         except OSError as exc:  # a full disk: the save's staging is gone, the last checkpoint intact
             raise click.ClickException(f"{fsio.describe(exc)} (nothing of this save was published)") from None
