@@ -2,9 +2,11 @@
 construction, whatever the summation order a BLAS, a thread split, a batch size or a tensor-parallel
 split would pick.
 
-- `exact_matmul`: a fixed-point product that fp64 computes exactly (every partial sum an integer below
-  2^53), so any order of the K loop, and any split of K over ranks, gives the same bits; scaled and
-  rounded once at the end.
+- `exact_matmul`: inputs rounded once to a t-bit fixed-point grid per row of A / column of B, the
+  integer product P computed exactly (int64; by int8 digit products with int32 accumulation, by fp64
+  GEMMs of exact integer partial sums, or a plain int64 matmul: `ENGINE`, the same integers), so any
+  order of the K loop, any split of K over ranks and any integer GEMM give the same bits; scaled and
+  rounded once at the end, in integer operations.
 - `tree_sum`: a fixed binary tree of adds over one dimension (zero-padded to a power of two).
 - `exp`, `log`, `sin`, `cos`: fixed formulas of IEEE basic ops (in fp64, rounded once to the input's
   dtype), so an element's bits do not depend on where a vectorised kernel's SIMD body or tail puts it.
@@ -16,12 +18,25 @@ threads) and is turned on by `glm5.parallel.invariant.layout_invariant()`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 from collections.abc import Callable, Iterator
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from backends.invariant_gemm import (  # noqa: F401  (grid_bits ... scaled: this module's public names too)
+    ENGINE,
+    b_form,
+    grid_bits,
+    int_product,
+    ldexp,
+    pow2,
+    scale_exponent,
+    scaled,
+    to_grid,
+)
 
 _lock = threading.Lock()
 _depth = 0
@@ -50,76 +65,37 @@ def switched_on() -> Iterator[None]:
             _depth -= 1
 
 
-# -- a row-parallel layer: set by the plan's pre-hook, taken by the layer's product ------------------------
-_local = threading.local()
+# -- a row-parallel layer's split: an argument of its product ---------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RowSplit:
+    """A row-parallel layer's K split over `group` (rank, size, all_reduce, all_gather): the product takes
+    its row and column maxima over the group and sums its integer partials over it (SPEC 12). k_total is
+    the unsplit K (it sets the grid)."""
 
+    group: object
+    k_total: int
 
-def row_parallel_next(group, k_total: int) -> None:
-    """The next product in this thread (a matmul, or a quantized linear's) is a row-parallel layer's: its
-    K (k_total unsplit) split over `group` (rank, size, all_reduce in rank order, all_gather)."""
-    _local.pending = (group, k_total)
+    def max_over(self, m: torch.Tensor) -> torch.Tensor:
+        return self.group.all_gather(m[None], 0).amax(0)
 
-
-def take_row_parallel():
-    """(group, k_total) set by `row_parallel_next`, or None; cleared."""
-    pending = getattr(_local, "pending", None)
-    _local.pending = None
-    return pending
-
-
-# -- powers of two from their bits (torch.ldexp multiplies by pow(2, n), a vectorised pow) --------------
-def pow2(n: torch.Tensor) -> torch.Tensor:
-    """2^n in fp64 for integer-valued n in [-1022, 1023], built from its exponent bits (exact)."""
-    return ((n.to(torch.int64) + 1023) << 52).view(torch.float64)
-
-
-def ldexp(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """x * 2^n (fp64 x, integer-valued n in [-2044, 2046]) in two exact steps."""
-    half = torch.div(n.to(torch.int64), 2, rounding_mode="floor")
-    return x * pow2(half) * pow2(n.to(torch.int64) - half)
-
-
-# -- exact matrix products -------------------------------------------------------------------------------
-def grid_bits(k: int) -> int:
-    """t = floor((53 - ceil(log2 K)) / 2): K products of two t-bit integers sum below 2^53."""
-    return (53 - math.ceil(math.log2(max(k, 1)))) // 2
-
-
-def scale_exponent(absmax: torch.Tensor) -> torch.Tensor:
-    """e (int32) with absmax <= 2^e (0 for a zero max)."""
-    return torch.frexp(absmax.double())[1]
-
-
-def to_grid(x: torch.Tensor, e: torch.Tensor, t: int) -> torch.Tensor:
-    """round(x * 2^(t - e)) as fp64 integers (|.| <= 2^t; ties to even)."""
-    scale = pow2(t - e)
-    return (x * scale if x.dtype == torch.float64 else x.double().mul_(scale)).round_()
-
-
-def scaled(
-    partial: torch.Tensor, e_row: torch.Tensor, f_col: torch.Tensor, t: int, dtype: torch.dtype
-) -> torch.Tensor:
-    """The integer product scaled by 2^(e_i + f_j - 2t) and rounded once to dtype. The two factors
-    2^(e_i - t) and 2^(f_j - t) are exact in fp64 (|P| < 2^53 and |e|, |f| <= 150 stay far inside its
-    exponent range), so only the final cast rounds."""
-    rows = pow2(e_row.to(torch.int64) - t)[..., :, None]
-    cols = pow2(f_col.to(torch.int64) - t)[..., None, :]
-    return partial.mul_(rows).mul_(cols).to(dtype)
+    def sum_over(self, p: torch.Tensor) -> torch.Tensor:
+        return self.group.all_reduce(p)  # int64: exact in any order, any communicator
 
 
 class _Grid:
-    """A weight's column side of `exact_matmul` (exponents f and integer grid) and the values it was made
-    from. A hit compares the values (one read, a third of making the grid): version counters cannot be
-    trusted here (FSDP2 gathers new weights into the same storage under the old version; the cpu
-    backend's ops get aliases with counters of their own; `.data` writes bypass them)."""
+    """A weight's column side of `exact_matmul` (exponents f and the integer grid in an engine's form)
+    and the values it was made from. A hit compares the values (one read, a third of making the grid):
+    version counters cannot be trusted here (FSDP2 gathers new weights into the same storage under the
+    old version; the cpu backend's ops get aliases with counters of their own; `.data` writes bypass
+    them)."""
 
-    __slots__ = ("storage", "values", "f", "grid")
+    __slots__ = ("storage", "values", "f", "form")
 
-    def __init__(self, storage: StorageWeakRef, values: torch.Tensor, f: torch.Tensor, grid: torch.Tensor):
-        self.storage, self.values, self.f, self.grid = storage, values, f, grid
+    def __init__(self, storage: StorageWeakRef, values: torch.Tensor, f: torch.Tensor, form: torch.Tensor):
+        self.storage, self.values, self.f, self.form = storage, values, f, form
 
 
-#: (storage address, view geometry, t) -> _Grid; entries of freed storages are swept as it grows
+#: (storage address, view geometry, t, engine) -> _Grid; entries of freed storages are swept as it grows
 _grids: dict[tuple, _Grid] = {}
 _sweep_at = 256
 
@@ -140,21 +116,33 @@ def _is_parameter(x) -> bool:
     )
 
 
-def _column_side(b: torch.Tensor, t: int, weight: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(f, integer grid) of b [..., K, N]; cached when b is a weight (a view of a Parameter, or the caller
-    says so: activations would only fill memory), served while b holds the same values."""
+def _col_max(b: torch.Tensor) -> torch.Tensor:
+    return b.abs().amax(-2) if b.shape[-2] else b.new_zeros(b.shape[:-2] + b.shape[-1:])
+
+
+def _column_side(b: torch.Tensor, t: int, weight: bool, engine: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(f, b's grid in the engine's form) of b [..., K, N]; cached when b is a weight (a view of a
+    Parameter, or the caller says so: activations would only fill memory), served while b holds the same
+    values."""
     cacheable = weight or _is_parameter(b._base if b._is_view() else b)
     if cacheable:
-        key = (b.untyped_storage().data_ptr(), b.storage_offset(), tuple(b.shape), b.stride(), b.dtype, t)
+        key = (
+            b.untyped_storage().data_ptr(),
+            b.storage_offset(),
+            tuple(b.shape),
+            b.stride(),
+            b.dtype,
+            t,
+            engine,
+        )
         entry = _grids.get(key)
         if entry is not None and not entry.storage.expired() and torch.equal(entry.values, b):
-            return entry.f, entry.grid
-    col_max = b.abs().amax(-2) if b.shape[-2] else b.new_zeros(b.shape[:-2] + b.shape[-1:])
-    f = scale_exponent(col_max)
-    grid = to_grid(b, f[..., None, :], t)
+            return entry.f, entry.form
+    f = scale_exponent(_col_max(b))
+    form = b_form(to_grid(b, f[..., None, :], t), engine)
     if cacheable:
-        _remember(key, _Grid(StorageWeakRef(b.untyped_storage()), b.clone(), f, grid))
-    return f, grid
+        _remember(key, _Grid(StorageWeakRef(b.untyped_storage()), b.clone(), f, form))
+    return f, form
 
 
 def exact_matmul(
@@ -162,31 +150,35 @@ def exact_matmul(
     b: torch.Tensor,
     out_dtype: torch.dtype | None = None,
     *,
+    split: RowSplit | None = None,
     k_total: int | None = None,
     max_over: Callable[[torch.Tensor], torch.Tensor] | None = None,
     sum_over: Callable[[torch.Tensor], torch.Tensor] | None = None,
     weight: bool = False,
+    engine: str | None = None,
 ) -> torch.Tensor:
     """a [..., M, K] @ b [..., K, N] -> [..., M, N] in out_dtype (default a's), the same bits for any
-    blocking, batch, row subset or split of K.
+    blocking, batch, row subset, split of K or integer GEMM (`engine`, default ENGINE).
 
-    Row-parallel use (K split over ranks): k_total is the unsplit K, max_over the elementwise max over
-    the ranks (of the per-row and per-column maxima) and sum_over the sum over the ranks of the fp64
-    integer partial products (exact in any order); every rank then returns the unsplit product's bits.
-    b's side is cached (`_column_side`) when b is a weight (`weight`, or a view of a Parameter), outside
-    the row-parallel case.
+    Row-parallel use (K split over ranks): `split` (or its parts: k_total the unsplit K, max_over the
+    elementwise max over the ranks of the per-row and per-column maxima, sum_over the sum over the ranks
+    of the int64 partial products, exact in any order); every rank then returns the unsplit product's
+    bits. b's side is cached (`_column_side`) when b is a weight (`weight`, or a view of a Parameter),
+    outside the row-parallel case.
     """
+    if split is not None:
+        k_total, max_over, sum_over = split.k_total, split.max_over, split.sum_over
+    engine = engine or ENGINE
     dtype = out_dtype or a.dtype
     t = grid_bits(k_total or a.shape[-1])
     row_max = a.abs().amax(-1) if a.shape[-1] else a.new_zeros(a.shape[:-1])
     if max_over is None:
         e = scale_exponent(row_max)
-        f, b_grid = _column_side(b, t, weight)
+        f, b_side = _column_side(b, t, weight, engine)
     else:
-        col_max = b.abs().amax(-2) if b.shape[-2] else b.new_zeros(b.shape[:-2] + b.shape[-1:])
-        e, f = scale_exponent(max_over(row_max.float())), scale_exponent(max_over(col_max.float()))
-        b_grid = to_grid(b, f[..., None, :], t)
-    partial = torch.matmul(to_grid(a, e[..., None], t), b_grid)
+        e, f = scale_exponent(max_over(row_max.float())), scale_exponent(max_over(_col_max(b).float()))
+        b_side = b_form(to_grid(b, f[..., None, :], t), engine)
+    partial = int_product(to_grid(a, e[..., None], t), b_side, engine, t)
     if sum_over is not None:
         partial = sum_over(partial)
     return scaled(partial, e, f, t, dtype)

@@ -1,4 +1,4 @@
-"""The arithmetic of the layout-invariant mode (backends/reference/invariant.py, SPEC 12): exact products
+"""The arithmetic of the layout-invariant mode (backends/invariant.py, SPEC 12): exact products
 under any K split, row subset or transpose; the stated precision; formula transcendentals within a few
 ulp of torch and independent of an element's position; the fixed tree."""
 
@@ -29,7 +29,7 @@ def test_a_k_split_summed_as_integer_partials_is_the_unsplit_product():
     row = torch.stack([pa.abs().amax(-1) for pa, _ in parts]).amax(0)
     col = torch.stack([pb.abs().amax(-2) for _, pb in parts]).amax(0)
     t, e, f = num.grid_bits(96), num.scale_exponent(row), num.scale_exponent(col)
-    ints = [num.to_grid(pa, e[:, None], t) @ num.to_grid(pb, f[None, :], t) for pa, pb in parts]
+    ints = [num.to_grid(pa, e[:, None], t).long() @ num.to_grid(pb, f[None, :], t).long() for pa, pb in parts]
     for order in (ints, ints[::-1], [ints[2], ints[0], ints[3], ints[1]]):
         assert torch.equal(num.scaled(sum(order), e, f, t, torch.float32), full)
     # the same through exact_matmul's hooks, as a rank calls it
@@ -59,7 +59,7 @@ def test_row_subsets_batches_and_transposes_are_the_same_bits():
 @pytest.mark.parametrize("k", [1, 7, 64, 6144])
 def test_precision_is_t_bits_of_the_row_and_column_maxima(k):
     t = num.grid_bits(k)
-    assert t == (53 - math.ceil(math.log2(k))) // 2
+    assert t == min(27, (62 - math.ceil(math.log2(k))) // 2)
     a, b = torch.randn(8, k, generator=_g(4)), torch.randn(k, 5, generator=_g(5))
     a[3] = 0  # a zero row works (e = 0) and gives zeros
     got = num.exact_matmul(a, b).double()
