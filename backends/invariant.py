@@ -30,7 +30,7 @@ from backends.invariant_gemm import (  # noqa: F401  (grid_bits ... scaled: this
     ENGINE,
     b_form,
     grid_bits,
-    int_product,
+    grid_product,
     ldexp,
     pow2,
     scale_exponent,
@@ -178,7 +178,7 @@ def exact_matmul(
     else:
         e, f = scale_exponent(max_over(row_max.float())), scale_exponent(max_over(_col_max(b).float()))
         b_side = b_form(to_grid(b, f[..., None, :], t), engine)
-    partial = int_product(to_grid(a, e[..., None], t), b_side, engine, t)
+    partial = grid_product(a, e[..., None], t, b_side, engine)
     if sum_over is not None:
         partial = sum_over(partial)
     return scaled(partial, e, f, t, dtype)

@@ -52,16 +52,21 @@ def scale_exponent(absmax: torch.Tensor) -> torch.Tensor:
     return torch.frexp(absmax.float())[1]
 
 
-def to_grid(x: torch.Tensor, e: torch.Tensor, t: int) -> torch.Tensor:
-    """round_half_even(x 2^(t - e)) as int32 (|.| <= 2^t). fp32 (bf16 / fp16 widened exactly) times two
-    exact powers of two 2^h1, 2^h2 (h1 + h2 = t - e; no step leaves fp32's normal range for a value that
-    rounds to a non-zero integer), rounded in fp32 (|.| <= 2^27: an integer-valued fp32 above 2^24 is
-    the scaled input itself, exact); fp64 input in fp64."""
+def grid_values(x: torch.Tensor, e: torch.Tensor, t: int) -> torch.Tensor:
+    """round_half_even(x 2^(t - e)) (|.| <= 2^t) as integer-valued floats: fp32 (bf16 / fp16 widened
+    exactly) times two exact powers of two 2^h1, 2^h2 (h1 + h2 = t - e; no step leaves fp32's normal
+    range for a value that rounds to a non-zero integer), rounded in fp32 (above 2^23 an fp32 is an
+    integer already: the scaled input itself, exact); fp64 input in fp64."""
     n = t - e.to(torch.int32)
     h1 = torch.div(n, 2, rounding_mode="floor")
     if x.dtype == torch.float64:
-        return (x * pow2(h1) * pow2(n - h1)).round_().to(torch.int32)
-    return (x.float() * pow2_32(h1)).mul_(pow2_32(n - h1)).round_().to(torch.int32)
+        return (x * pow2(h1) * pow2(n - h1)).round_()
+    return (x.float() * pow2_32(h1)).mul_(pow2_32(n - h1)).round_()
+
+
+def to_grid(x: torch.Tensor, e: torch.Tensor, t: int) -> torch.Tensor:
+    """`grid_values` as int32."""
+    return grid_values(x, e, t).to(torch.int32)
 
 
 def digits(q: torch.Tensor) -> torch.Tensor:
@@ -103,19 +108,24 @@ def _int8_product(a_q: torch.Tensor, b_digits_t: torch.Tensor) -> torch.Tensor:
     return p
 
 
-def _fp64_product(a_q: torch.Tensor, b_d: torch.Tensor, t: int) -> torch.Tensor:
-    """P = a_q @ b_q exactly, as int64, by fp64 GEMMs: a_q = h 2^14 + l (l in [-2^13, 2^13)), h and l
-    stacked on M, one fp64 product: every partial sum of h b (|h| <= 2^13 + 1) and of l b is an integer
+def halves(q: torch.Tensor) -> torch.Tensor:
+    """Integer-valued q (fp32 or fp64, |q| <= 2^27) -> fp64 [2, ...]: h = round_half_even(q 2^-14) and
+    l = q - h 2^14 (|l| <= 2^13), every step exact in q's own float type."""
+    h = (q * 2.0**-14).round_()
+    return torch.stack([h, q - h * 2.0**14]).double()
+
+
+def _fp64_product(hl: torch.Tensor, b_d: torch.Tensor, t: int) -> torch.Tensor:
+    """P = a_q @ b_q exactly, as int64, by fp64 GEMMs of a_q's `halves` (h, l stacked on M, one
+    product): every partial sum of h b (|h| <= 2^(t - 14) + 1) and of l b (|l| <= 2^13) is an integer
     below 2^(13 + t + log2 K) <= 2^53 (K chunked by 2^(40 - t) where it would not be), combined in
-    int64."""
-    low = ((a_q + 8192) & 16383) - 8192
-    hl = torch.stack([(a_q - low) >> 14, low]).double()  # [2, ..., M, K]
-    k, chunk = a_q.shape[-1], 1 << (40 - t)
+    int64: P = (h b) 2^14 + l b."""
+    k, chunk = hl.shape[-1], 1 << (40 - t)
     out = None
     for z in range(0, max(k, 1), chunk):
         part = torch.matmul(hl[..., z : z + chunk], b_d[..., z : z + chunk, :]).to(torch.int64)
         out = part if out is None else out + part
-    return (out[0] << 14) + out[1]
+    return (out[0] << 14).add_(out[1])
 
 
 def b_form(b_q: torch.Tensor, engine: str) -> torch.Tensor:
@@ -135,7 +145,7 @@ def int_product(a_q: torch.Tensor, b: torch.Tensor, engine: str, t: int) -> torc
     "int8" (int8 digit products, int8 x int8 -> int32 by torch._int_mm), "fp64" (two fp64 GEMMs of
     exact integer partial sums) or "int64" (the plain integer matmul). All three are the same integers."""
     if engine == "fp64":
-        return _fp64_product(a_q, b, t)
+        return _fp64_product(halves(a_q.double()), b, t)
     if engine == "int64":
         return torch.matmul(a_q.to(torch.int64), b)
     if a_q.dim() == 2 and b.dim() == 2:
@@ -147,6 +157,13 @@ def int_product(a_q: torch.Tensor, b: torch.Tensor, engine: str, t: int) -> torc
     for i in range(a_q.shape[0]):  # torch._int_mm is 2-D only
         out[i] = _int8_product(a_q[i], b[i])
     return out.view(batch + out.shape[-2:])
+
+
+def grid_product(a: torch.Tensor, e: torch.Tensor, t: int, b: torch.Tensor, engine: str) -> torch.Tensor:
+    """P = grid(a) @ b_q (a float [..., M, K], e [..., M, 1]; b in `b_form`) exactly, as int64."""
+    if engine == "fp64":  # the halves straight from the float grid: no int32 round trip
+        return _fp64_product(halves(grid_values(a, e, t)), b, t)
+    return int_product(to_grid(a, e, t), b, engine, t)
 
 
 #: (significant bits, minimum normal exponent) of each output dtype
@@ -175,13 +192,33 @@ def _pow2_any(n: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(n < -126, sub, normal)
 
 
+def _round_fp32(p: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """`round_scaled` to fp32, the float built from its bits: keep 24 significant bits of |P| (fewer where
+    P 2^n is subnormal: its ulp is 2^-149), round half to even in integers, then the exponent field
+    n + shift + 149 (0 for a subnormal) added above the 24-bit q, whose carry into the exponent is the
+    rounding's own; past the range, inf."""
+    a = p.abs()
+    e = ((a.float().view(torch.int32) >> 23) - 126).to(torch.int64).clamp_min_(0)  # L or L + 1
+    length = e - (a >> (e - 1).clamp_min(0) == 0).to(torch.int64) * (e > 0)
+    shift = torch.maximum(length - 24, -149 - n).clamp_max_(63)  # < 0: a short q moved up, exact
+    right = shift.clamp_min(0)
+    one = (right > 0).to(torch.int64)
+    bias = (one << (right - one)) - one + ((a >> right) & one)  # half - 1, + 1 if q is odd: to even
+    q = ((a + bias) >> right) << (-shift).clamp_min_(0)
+    bits = ((n + shift + 149) << 23).add_(q).clamp_(0, 0x7F800000).masked_fill_(a == 0, 0).to(torch.int32)
+    out = bits.view(torch.float32)
+    return torch.where(p < 0, -out, out)
+
+
 def round_scaled(p: torch.Tensor, n: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """P 2^n (P int64, n integer [.., M, N]) rounded once, to nearest even, to dtype, in integer
     operations: keep the dtype's significant bits of |P| (fewer where the result is subnormal), round
     the rest away in integers, then one exact product q 2^(n + shift) (inf past the dtype's range)."""
+    n = n.to(torch.int64)
+    if dtype == torch.float32:
+        return _round_fp32(p, n)
     bits, emin = _FORMAT[dtype]
     a = p.abs()
-    n = n.to(torch.int64)
     shift = torch.maximum(_bit_length(a) - bits, emin - bits + 1 - n).clamp(0, 63)
     q = a >> shift
     rest = a - (q << shift)
