@@ -8,8 +8,9 @@ split would pick.
   order of the K loop, any split of K over ranks and any integer GEMM give the same bits; scaled and
   rounded once at the end, in integer operations.
 - `tree_sum`: a fixed binary tree of adds over one dimension (zero-padded to a power of two).
-- `exp`, `log`, `sin`, `cos`: fixed formulas of IEEE basic ops (in fp64, rounded once to the input's
-  dtype), so an element's bits do not depend on where a vectorised kernel's SIMD body or tail puts it.
+- `exp`, `log`, `sigmoid`, `silu`: fixed formulas of IEEE basic ops in fp32 (bf16 / fp16 through fp32;
+  fp64 input in fp64), `sin`, `cos` in fp64 (RoPE's table, which the model builds in fp64), so an
+  element's bits do not depend on where a vectorised kernel's SIMD body or tail puts it.
 
 `active()` says whether the mode is on; it is process-wide (the cpu backend runs blocks on Python
 threads) and is turned on by `glm5.parallel.invariant.layout_invariant()`.
@@ -33,6 +34,7 @@ from backends.invariant_gemm import (  # noqa: F401  (grid_bits ... scaled: this
     grid_product,
     ldexp,
     pow2,
+    pow2_32,
     scale_exponent,
     scaled,
     to_grid,
@@ -200,13 +202,20 @@ def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Ten
 
 
 def weighted_sum(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """w [T, H], x [T, H, S] (fp32 or narrower) -> fp32 [T, S]: sum_h w[t, h] x[t, h, s] with every product
-    exact in fp64 (24 + 24 significant bits), summed over h by the fixed tree in fp64, rounded once. The
-    indexer's head-weighted sum: H is never split, so no exact integer form is needed."""
-    return tree_sum(x.double().mul_(w.double()[:, :, None]), 1).float()
+    """w [T, H], x [T, H, S] (fp32 or narrower) -> fp32 [T, S]: sum_h w[t, h] x[t, h, s], each product one
+    fp32 multiply, summed over h by the fixed tree in fp32. The indexer's head-weighted sum: H is never
+    split (the indexer is replicated), so a fixed order is enough; no exact form is needed."""
+    return tree_sum(x.float() * w.float()[:, :, None], 1)
 
 
-# -- transcendentals (fp64 formulas, rounded once to the input dtype) ------------------------------------
+# -- transcendentals: fixed formulas of IEEE basic operations in the input's own type --------------------
+# fp32 (bf16 / fp16 computed in fp32, rounded once to their type): Cody-Waite reduction with a 16-bit
+# ln2 head, so n ln2_hi is exact for |n| <= 2^8; fp64 (RoPE's table, which the model builds in fp64):
+# the same formulas with fdlibm's constants and more terms.
+LN2_HI_32 = 0.693145751953125  # 16 significant bits
+LN2_LO_32 = 1.428606765330187045e-06
+INV_LN2_32 = 1.4426950216293335
+SQRT_HALF = 0.7071067811865476
 LN2_HI = 6.93147180369123816490e-01  # fdlibm: n * LN2_HI is exact for |n| < 2^11
 LN2_LO = 1.90821492927058770002e-10
 INV_LN2 = 1.44269504088896338700e00
@@ -214,32 +223,65 @@ _EXP_TERMS = 14  # Taylor terms of exp(r), |r| <= ln2 / 2: truncation below 1e-1
 _ATANH_TERMS = 13  # odd terms of atanh(s), |s| <= 0.1716
 
 
-def _exp64(x: torch.Tensor, narrow: bool = False) -> torch.Tensor:
-    """e^x in fp64. `narrow`: the caller rounds to fp32 or a narrower type, so x is clamped to
-    [-708, 708] instead (2^n then one exponent-bit power): every result beyond that range rounds to the
-    same 0 / inf / 1 there as with the wide clamp."""
-    x = x.clamp(-708.0, 708.0) if narrow else x.clamp(-1100.0, 710.0)
+def _exp32(x: torch.Tensor) -> torch.Tensor:
+    """e^x of fp32 x: clamp to [-104, 89] (0 and inf beyond); n = round(x / ln2); r = (x - n ln2_hi) -
+    n ln2_lo; e^r = 1 + (r + r^2 q(r)), q the Taylor terms 1/2! ... 1/8! by Horner; times 2^h 2^(n - h),
+    h = floor(n / 2) (the first step stays normal, so a subnormal result is rounded once)."""
+    xc = x.clamp(-104.0, 89.0)
+    n = (xc * INV_LN2_32).round_()
+    r = (xc - n * LN2_HI_32) - n * LN2_LO_32
+    q = torch.full_like(r, 1.0 / math.factorial(8))
+    for i in range(7, 1, -1):
+        q = q * r + 1.0 / math.factorial(i)
+    p = (r * r * q + r) + 1.0
+    ni = n.to(torch.int32)
+    h = torch.div(ni, 2, rounding_mode="floor")
+    return torch.where(torch.isnan(x), x, p * pow2_32(h) * pow2_32(ni - h))
+
+
+def _log32(x: torch.Tensor) -> torch.Tensor:
+    """ln x of fp32 x: x = m 2^e, m in [sqrt(1/2), sqrt(2)); f = m - 1, s = f / (2 + f); ln m = 2s +
+    2s s^2 p(s^2), p the odd atanh terms 1/3 ... 1/13 by Horner; ln x = e ln2_hi + (e ln2_lo + ln m)."""
+    m, e = torch.frexp(x)
+    small = m < SQRT_HALF
+    m = torch.where(small, m * 2.0, m)
+    e = (e - small.to(e.dtype)).float()
+    f = m - 1.0
+    s = f / (2.0 + f)
+    s2 = s * s
+    p = torch.full_like(s, 1.0 / 13)
+    for i in range(5, 0, -1):
+        p = p * s2 + 1.0 / (2 * i + 1)
+    y = e * LN2_HI_32 + (e * LN2_LO_32 + (2.0 * s * s2 * p + 2.0 * s))
+    y = torch.where(x == 0, -math.inf, y)
+    y = torch.where(torch.isposinf(x), math.inf, y)
+    return torch.where((x < 0) | torch.isnan(x), math.nan, y)
+
+
+def _exp64(x: torch.Tensor) -> torch.Tensor:
+    """e^x in fp64 (x clamped to [-1100, 710])."""
+    x = x.clamp(-1100.0, 710.0)
     n = torch.round(x * INV_LN2)
     r = (x - n * LN2_HI).sub_(n * LN2_LO)
     p = torch.full_like(r, 1.0 / math.factorial(_EXP_TERMS - 1))
     for i in range(_EXP_TERMS - 2, -1, -1):
         p.mul_(r).add_(1.0 / math.factorial(i))
-    return p.mul_(pow2(n)) if narrow else ldexp(p, n)
+    return ldexp(p, n)
 
 
-def _narrow(dtype: torch.dtype) -> bool:
-    return dtype in (torch.float32, torch.bfloat16, torch.float16)
+def _exp_any(x: torch.Tensor) -> torch.Tensor:
+    """e^x in x's working type: fp64 for fp64, else fp32."""
+    return torch.where(torch.isnan(x), x, _exp64(x)) if x.dtype == torch.float64 else _exp32(x.float())
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
     """e^x, NaN kept."""
-    y = _exp64(x.double(), _narrow(x.dtype))
-    return torch.where(torch.isnan(x), x.double(), y).to(x.dtype)
+    return _exp_any(x).to(x.dtype)
 
 
 def _log64(x: torch.Tensor) -> torch.Tensor:
     m, e = torch.frexp(x)  # x = m 2^e, m in [0.5, 1)
-    small = m < 0.7071067811865476
+    small = m < SQRT_HALF
     m = torch.where(small, m * 2.0, m)
     e = (e - small.to(e.dtype)).double()
     f = m - 1.0
@@ -256,7 +298,7 @@ def _log64(x: torch.Tensor) -> torch.Tensor:
 
 def log(x: torch.Tensor) -> torch.Tensor:
     """Natural log (-inf at 0, NaN below)."""
-    return _log64(x.double()).to(x.dtype)
+    return (_log64(x) if x.dtype == torch.float64 else _log32(x.float())).to(x.dtype)
 
 
 PIO2_1 = 1.57079632673412561417e00  # fdlibm's pi/2 in three parts (n * PIO2_1, n * PIO2_2 exact)
@@ -293,16 +335,19 @@ def cos(x: torch.Tensor) -> torch.Tensor:
 
 def pow_scalar(base: float, x: torch.Tensor) -> torch.Tensor:
     """base ** x for a positive scalar base: exp(x ln(base)) by the formula (RoPE's inverse frequencies)."""
-    return exp(x.double() * math.log(base)).to(x.dtype)
+    w = x if x.dtype == torch.float64 else x.float()
+    return exp(w * math.log(base)).to(x.dtype)
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    return _exp64(-x.double(), _narrow(x.dtype)).add_(1.0).reciprocal_().to(x.dtype)
+    """1 / (1 + e^-x) in x's working type."""
+    return (1.0 / (1.0 + _exp_any(-x))).to(x.dtype)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
-    xd = x.double()
-    return (xd / _exp64(-xd, _narrow(x.dtype)).add_(1.0)).to(x.dtype)
+    """x / (1 + e^-x) in x's working type."""
+    w = x if x.dtype == torch.float64 else x.float()
+    return (w / (1.0 + _exp_any(-w))).to(x.dtype)
 
 
 def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
