@@ -35,6 +35,7 @@ from backends.invariant_gemm import (  # noqa: F401  (grid_bits ... scaled: this
     ldexp,
     pow2,
     pow2_32,
+    rounded_product,
     scale_exponent,
     scaled,
     to_grid,
@@ -180,10 +181,9 @@ def exact_matmul(
     else:
         e, f = scale_exponent(max_over(row_max.float())), scale_exponent(max_over(_col_max(b).float()))
         b_side = b_form(to_grid(b, f[..., None, :], t), engine)
-    partial = grid_product(a, e[..., None], t, b_side, engine)
-    if sum_over is not None:
-        partial = sum_over(partial)
-    return scaled(partial, e, f, t, dtype)
+    if sum_over is None:
+        return rounded_product(a, e, t, b_side, f, engine, dtype)
+    return scaled(sum_over(grid_product(a, e[..., None], t, b_side, engine)), e, f, t, dtype)
 
 
 # -- the fixed reduction tree ----------------------------------------------------------------------------

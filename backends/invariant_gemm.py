@@ -166,6 +166,41 @@ def grid_product(a: torch.Tensor, e: torch.Tensor, t: int, b: torch.Tensor, engi
     return int_product(to_grid(a, e, t), b, engine, t)
 
 
+def _round_odd_fp32(
+    ph: torch.Tensor, pl: torch.Tensor, n_row: torch.Tensor, n_col: torch.Tensor
+) -> torch.Tensor:
+    """(ph 2^14 + pl) 2^(n_row + n_col) rounded once to fp32, for the fp64 engine's exact halves: their sum
+    rounded to odd in fp64 (TwoSum's exact error tells which neighbour is odd), scaled exactly, then one
+    cast. Rounding to odd at 53 bits and then to nearest at 24 is the one rounding to nearest (p >= 24 + 2),
+    so the bits are `round_scaled`'s."""
+    x = ph * 16384.0
+    s = x + pl
+    bb = s - x
+    err = (x - (s - bb)).add_(pl - bb)
+    mag = s.abs().view(torch.int64)
+    below = (err > 0) == (s > 0)  # |s| < |P|: the odd one is s or the next one up
+    odd = torch.where(below, mag | 1, mag - (1 - (mag & 1)))
+    r = torch.where(err != 0, odd, mag).view(torch.float64)
+    r = torch.where(s < 0, -r, r)
+    return r.mul_(pow2(n_row)[..., :, None]).mul_(pow2(n_col)[..., None, :]).float()
+
+
+def rounded_product(
+    a: torch.Tensor,
+    e: torch.Tensor,
+    t: int,
+    b: torch.Tensor,
+    f: torch.Tensor,
+    engine: str,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """grid(a) @ b_q times 2^(e_i + f_j - 2t), rounded once to dtype (e [..., M], f [..., N])."""
+    if engine == "fp64" and dtype == torch.float32 and a.shape[-1] <= 1 << (40 - t):
+        hl = torch.matmul(halves(grid_values(a, e[..., None], t)), b)
+        return _round_odd_fp32(hl[0], hl[1], e.to(torch.int64) - t, f.to(torch.int64) - t)
+    return scaled(grid_product(a, e[..., None], t, b, engine), e, f, t, dtype)
+
+
 #: (significant bits, minimum normal exponent) of each output dtype
 _FORMAT = {
     torch.float32: (24, -126),

@@ -130,3 +130,20 @@ def test_a_bad_gemm_choice_is_one_line(monkeypatch):
         gemm._engine()
     monkeypatch.setenv(gemm.GEMM_ENV, "int8")
     assert gemm._engine() == "int8"
+
+
+def test_the_fp64_engines_rounding_to_odd_gives_the_integer_roundings_bits():
+    """The fp64 engine rounds (h b) 2^14 + l b to odd in fp64 and casts once; at ties, near-ties and
+    signed zeros that is `round_scaled` of the integer P."""
+    rng = random.Random(1)
+    ps = [rng.randint(-(2**62), 2**62) >> rng.randint(0, 60) for _ in range(3000)]
+    ps += [(2 * rng.randint(2**23, 2**24) + 1) << rng.randint(0, 36) for _ in range(1000)]  # exact ties
+    ps += [((2 * rng.randint(2**23, 2**24) + 1) << 30) + rng.choice([-1, 1]) for _ in range(1000)]
+    ps += [0, 1, -1, 2**62, -(2**62)]
+    p = torch.tensor(ps)
+    low = ((p + 8192) & 16383) - 8192
+    ph, pl = ((p - low) >> 14).double(), low.double()  # both exact
+    n_row = torch.randint(-200, 20, (p.shape[0],), generator=_g(5))  # subnormal and zero results too
+    got = gemm._round_odd_fp32(ph[:, None], pl[:, None], n_row, torch.zeros(1, dtype=torch.int64))[:, 0]
+    want = gemm.round_scaled(p, n_row, torch.float32)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
