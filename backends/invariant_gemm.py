@@ -275,13 +275,12 @@ def scaled(
     return round_scaled(partial, n, dtype)
 
 
-def _vnni() -> bool:
+def _amx() -> bool:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            return "amx_int8" in f.read()
     except OSError:
         return False
-    return any(flag in flags for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
 GEMM_ENV = "GLM5_INVARIANT_GEMM"
@@ -290,14 +289,16 @@ ENGINES = ("int8", "fp64", "int64")
 
 def _engine() -> str:
     """The exact integer GEMM this process uses (all give the same integers): GLM5_INVARIANT_GEMM, else
-    int8 where the CPU has int8 dot products (VNNI / AMX: torch._int_mm), else fp64 (on an AVX2-only CPU
-    torch._int_mm is tens of times slower than an fp64 GEMM; docs/performance.md)."""
+    int8 where the CPU has AMX (its int8 tiles outrun 16 digit products' worth of fp64), else fp64: with
+    VNNI alone an instruction does 8x an fp64 FMA's multiplies, which 16 digit pairs against two fp64
+    GEMMs use up, and on an AVX2-only CPU torch._int_mm is 14-19x slower than an fp32 GEMM
+    (docs/performance.md)."""
     value = os.environ.get(GEMM_ENV)
     if value is not None:
         if value not in ENGINES:
             raise ValueError(f"{GEMM_ENV}: expected one of {', '.join(ENGINES)}, got {value!r}")
         return value
-    return "int8" if hasattr(torch, "_int_mm") and _vnni() else "fp64"
+    return "int8" if hasattr(torch, "_int_mm") and _amx() else "fp64"
 
 
 ENGINE = _engine()
