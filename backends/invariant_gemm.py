@@ -178,10 +178,10 @@ def _round_odd_fp32(
     bb = s - x
     err = (x - (s - bb)).add_(pl - bb)
     mag = s.abs().view(torch.int64)
-    below = (err > 0) == (s > 0)  # |s| < |P|: the odd one is s or the next one up
-    odd = torch.where(below, mag | 1, mag - (1 - (mag & 1)))
-    r = torch.where(err != 0, odd, mag).view(torch.float64)
-    r = torch.where(s < 0, -r, r)
+    inexact = err != 0
+    above = inexact & ((err > 0) != (s > 0))  # |s| > |P|: the odd neighbour is s or the one below
+    mag = (mag - above.to(torch.int64)) | inexact.to(torch.int64)  # inexact: the odd of the two around P
+    r = torch.copysign(mag.view(torch.float64), s.add_(0.0))  # s + 0: an exact zero P is +0
     return r.mul_(pow2(n_row)[..., :, None]).mul_(pow2(n_col)[..., None, :]).float()
 
 

@@ -147,3 +147,7 @@ def test_the_fp64_engines_rounding_to_odd_gives_the_integer_roundings_bits():
     got = gemm._round_odd_fp32(ph[:, None], pl[:, None], n_row, torch.zeros(1, dtype=torch.int64))[:, 0]
     want = gemm.round_scaled(p, n_row, torch.float32)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    zero = torch.tensor([[-0.0]], dtype=torch.float64)  # an fp64 GEMM's sum of -0 products
+    assert (
+        gemm._round_odd_fp32(zero, zero, torch.zeros(1, dtype=torch.int64), n_row[:1]).view(torch.int32) == 0
+    )
