@@ -2,12 +2,15 @@
 construction, whatever the summation order a BLAS, a thread split, a batch size or a tensor-parallel
 split would pick.
 
-- `exact_matmul`: a fixed-point product that fp64 computes exactly (every partial sum an integer below
-  2^53), so any order of the K loop, and any split of K over ranks, gives the same bits; scaled and
-  rounded once at the end.
+- `exact_matmul`: inputs rounded once to a t-bit fixed-point grid per row of A / column of B, the
+  integer product P computed exactly (int64; by int8 digit products with int32 accumulation, by fp64
+  GEMMs of exact integer partial sums, or a plain int64 matmul: `ENGINE`, the same integers), so any
+  order of the K loop, any split of K over ranks and any integer GEMM give the same bits; scaled and
+  rounded once at the end, in integer operations.
 - `tree_sum`: a fixed binary tree of adds over one dimension (zero-padded to a power of two).
-- `exp`, `log`, `sin`, `cos`: fixed formulas of IEEE basic ops (in fp64, rounded once to the input's
-  dtype), so an element's bits do not depend on where a vectorised kernel's SIMD body or tail puts it.
+- `exp`, `log`, `sigmoid`, `silu`: fixed formulas of IEEE basic ops in fp32 (bf16 / fp16 through fp32;
+  fp64 input in fp64), `sin`, `cos` in fp64 (RoPE's table, which the model builds in fp64), so an
+  element's bits do not depend on where a vectorised kernel's SIMD body or tail puts it.
 
 `active()` says whether the mode is on; it is process-wide (the cpu backend runs blocks on Python
 threads) and is turned on by `glm5.parallel.invariant.layout_invariant()`.
@@ -16,12 +19,27 @@ threads) and is turned on by `glm5.parallel.invariant.layout_invariant()`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 from collections.abc import Callable, Iterator
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from backends.invariant_gemm import (  # noqa: F401  (grid_bits ... scaled: this module's public names too)
+    ENGINE,
+    b_form,
+    grid_bits,
+    grid_product,
+    ldexp,
+    pow2,
+    pow2_32,
+    rounded_product,
+    scale_exponent,
+    scaled,
+    to_grid,
+)
 
 _lock = threading.Lock()
 _depth = 0
@@ -50,76 +68,37 @@ def switched_on() -> Iterator[None]:
             _depth -= 1
 
 
-# -- a row-parallel layer: set by the plan's pre-hook, taken by the layer's product ------------------------
-_local = threading.local()
+# -- a row-parallel layer's split: an argument of its product ---------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RowSplit:
+    """A row-parallel layer's K split over `group` (rank, size, all_reduce, all_gather): the product takes
+    its row and column maxima over the group and sums its integer partials over it (SPEC 12). k_total is
+    the unsplit K (it sets the grid)."""
 
+    group: object
+    k_total: int
 
-def row_parallel_next(group, k_total: int) -> None:
-    """The next product in this thread (a matmul, or a quantized linear's) is a row-parallel layer's: its
-    K (k_total unsplit) split over `group` (rank, size, all_reduce in rank order, all_gather)."""
-    _local.pending = (group, k_total)
+    def max_over(self, m: torch.Tensor) -> torch.Tensor:
+        return self.group.all_gather(m[None], 0).amax(0)
 
-
-def take_row_parallel():
-    """(group, k_total) set by `row_parallel_next`, or None; cleared."""
-    pending = getattr(_local, "pending", None)
-    _local.pending = None
-    return pending
-
-
-# -- powers of two from their bits (torch.ldexp multiplies by pow(2, n), a vectorised pow) --------------
-def pow2(n: torch.Tensor) -> torch.Tensor:
-    """2^n in fp64 for integer-valued n in [-1022, 1023], built from its exponent bits (exact)."""
-    return ((n.to(torch.int64) + 1023) << 52).view(torch.float64)
-
-
-def ldexp(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """x * 2^n (fp64 x, integer-valued n in [-2044, 2046]) in two exact steps."""
-    half = torch.div(n.to(torch.int64), 2, rounding_mode="floor")
-    return x * pow2(half) * pow2(n.to(torch.int64) - half)
-
-
-# -- exact matrix products -------------------------------------------------------------------------------
-def grid_bits(k: int) -> int:
-    """t = floor((53 - ceil(log2 K)) / 2): K products of two t-bit integers sum below 2^53."""
-    return (53 - math.ceil(math.log2(max(k, 1)))) // 2
-
-
-def scale_exponent(absmax: torch.Tensor) -> torch.Tensor:
-    """e (int32) with absmax <= 2^e (0 for a zero max)."""
-    return torch.frexp(absmax.double())[1]
-
-
-def to_grid(x: torch.Tensor, e: torch.Tensor, t: int) -> torch.Tensor:
-    """round(x * 2^(t - e)) as fp64 integers (|.| <= 2^t; ties to even)."""
-    scale = pow2(t - e)
-    return (x * scale if x.dtype == torch.float64 else x.double().mul_(scale)).round_()
-
-
-def scaled(
-    partial: torch.Tensor, e_row: torch.Tensor, f_col: torch.Tensor, t: int, dtype: torch.dtype
-) -> torch.Tensor:
-    """The integer product scaled by 2^(e_i + f_j - 2t) and rounded once to dtype. The two factors
-    2^(e_i - t) and 2^(f_j - t) are exact in fp64 (|P| < 2^53 and |e|, |f| <= 150 stay far inside its
-    exponent range), so only the final cast rounds."""
-    rows = pow2(e_row.to(torch.int64) - t)[..., :, None]
-    cols = pow2(f_col.to(torch.int64) - t)[..., None, :]
-    return partial.mul_(rows).mul_(cols).to(dtype)
+    def sum_over(self, p: torch.Tensor) -> torch.Tensor:
+        return self.group.all_reduce(p)  # int64: exact in any order, any communicator
 
 
 class _Grid:
-    """A weight's column side of `exact_matmul` (exponents f and integer grid) and the values it was made
-    from. A hit compares the values (one read, a third of making the grid): version counters cannot be
-    trusted here (FSDP2 gathers new weights into the same storage under the old version; the cpu
-    backend's ops get aliases with counters of their own; `.data` writes bypass them)."""
+    """A weight's column side of `exact_matmul` (exponents f and the integer grid in an engine's form)
+    and the values it was made from. A hit compares the values (one read, a third of making the grid):
+    version counters cannot be trusted here (FSDP2 gathers new weights into the same storage under the
+    old version; the cpu backend's ops get aliases with counters of their own; `.data` writes bypass
+    them)."""
 
-    __slots__ = ("storage", "values", "f", "grid")
+    __slots__ = ("storage", "values", "f", "form")
 
-    def __init__(self, storage: StorageWeakRef, values: torch.Tensor, f: torch.Tensor, grid: torch.Tensor):
-        self.storage, self.values, self.f, self.grid = storage, values, f, grid
+    def __init__(self, storage: StorageWeakRef, values: torch.Tensor, f: torch.Tensor, form: torch.Tensor):
+        self.storage, self.values, self.f, self.form = storage, values, f, form
 
 
-#: (storage address, view geometry, t) -> _Grid; entries of freed storages are swept as it grows
+#: (storage address, view geometry, t, engine) -> _Grid; entries of freed storages are swept as it grows
 _grids: dict[tuple, _Grid] = {}
 _sweep_at = 256
 
@@ -140,21 +119,33 @@ def _is_parameter(x) -> bool:
     )
 
 
-def _column_side(b: torch.Tensor, t: int, weight: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(f, integer grid) of b [..., K, N]; cached when b is a weight (a view of a Parameter, or the caller
-    says so: activations would only fill memory), served while b holds the same values."""
+def _col_max(b: torch.Tensor) -> torch.Tensor:
+    return b.abs().amax(-2) if b.shape[-2] else b.new_zeros(b.shape[:-2] + b.shape[-1:])
+
+
+def _column_side(b: torch.Tensor, t: int, weight: bool, engine: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(f, b's grid in the engine's form) of b [..., K, N]; cached when b is a weight (a view of a
+    Parameter, or the caller says so: activations would only fill memory), served while b holds the same
+    values."""
     cacheable = weight or _is_parameter(b._base if b._is_view() else b)
     if cacheable:
-        key = (b.untyped_storage().data_ptr(), b.storage_offset(), tuple(b.shape), b.stride(), b.dtype, t)
+        key = (
+            b.untyped_storage().data_ptr(),
+            b.storage_offset(),
+            tuple(b.shape),
+            b.stride(),
+            b.dtype,
+            t,
+            engine,
+        )
         entry = _grids.get(key)
         if entry is not None and not entry.storage.expired() and torch.equal(entry.values, b):
-            return entry.f, entry.grid
-    col_max = b.abs().amax(-2) if b.shape[-2] else b.new_zeros(b.shape[:-2] + b.shape[-1:])
-    f = scale_exponent(col_max)
-    grid = to_grid(b, f[..., None, :], t)
+            return entry.f, entry.form
+    f = scale_exponent(_col_max(b))
+    form = b_form(to_grid(b, f[..., None, :], t), engine)
     if cacheable:
-        _remember(key, _Grid(StorageWeakRef(b.untyped_storage()), b.clone(), f, grid))
-    return f, grid
+        _remember(key, _Grid(StorageWeakRef(b.untyped_storage()), b.clone(), f, form))
+    return f, form
 
 
 def exact_matmul(
@@ -162,34 +153,37 @@ def exact_matmul(
     b: torch.Tensor,
     out_dtype: torch.dtype | None = None,
     *,
+    split: RowSplit | None = None,
     k_total: int | None = None,
     max_over: Callable[[torch.Tensor], torch.Tensor] | None = None,
     sum_over: Callable[[torch.Tensor], torch.Tensor] | None = None,
     weight: bool = False,
+    engine: str | None = None,
 ) -> torch.Tensor:
     """a [..., M, K] @ b [..., K, N] -> [..., M, N] in out_dtype (default a's), the same bits for any
-    blocking, batch, row subset or split of K.
+    blocking, batch, row subset, split of K or integer GEMM (`engine`, default ENGINE).
 
-    Row-parallel use (K split over ranks): k_total is the unsplit K, max_over the elementwise max over
-    the ranks (of the per-row and per-column maxima) and sum_over the sum over the ranks of the fp64
-    integer partial products (exact in any order); every rank then returns the unsplit product's bits.
-    b's side is cached (`_column_side`) when b is a weight (`weight`, or a view of a Parameter), outside
-    the row-parallel case.
+    Row-parallel use (K split over ranks): `split` (or its parts: k_total the unsplit K, max_over the
+    elementwise max over the ranks of the per-row and per-column maxima, sum_over the sum over the ranks
+    of the int64 partial products, exact in any order); every rank then returns the unsplit product's
+    bits. b's side is cached (`_column_side`) when b is a weight (`weight`, or a view of a Parameter),
+    outside the row-parallel case.
     """
+    if split is not None:
+        k_total, max_over, sum_over = split.k_total, split.max_over, split.sum_over
+    engine = engine or ENGINE
     dtype = out_dtype or a.dtype
     t = grid_bits(k_total or a.shape[-1])
     row_max = a.abs().amax(-1) if a.shape[-1] else a.new_zeros(a.shape[:-1])
     if max_over is None:
         e = scale_exponent(row_max)
-        f, b_grid = _column_side(b, t, weight)
+        f, b_side = _column_side(b, t, weight, engine)
     else:
-        col_max = b.abs().amax(-2) if b.shape[-2] else b.new_zeros(b.shape[:-2] + b.shape[-1:])
-        e, f = scale_exponent(max_over(row_max.float())), scale_exponent(max_over(col_max.float()))
-        b_grid = to_grid(b, f[..., None, :], t)
-    partial = torch.matmul(to_grid(a, e[..., None], t), b_grid)
-    if sum_over is not None:
-        partial = sum_over(partial)
-    return scaled(partial, e, f, t, dtype)
+        e, f = scale_exponent(max_over(row_max.float())), scale_exponent(max_over(_col_max(b).float()))
+        b_side = b_form(to_grid(b, f[..., None, :], t), engine)
+    if sum_over is None:
+        return rounded_product(a, e, t, b_side, f, engine, dtype)
+    return scaled(sum_over(grid_product(a, e[..., None], t, b_side, engine)), e, f, t, dtype)
 
 
 # -- the fixed reduction tree ----------------------------------------------------------------------------
@@ -208,13 +202,20 @@ def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Ten
 
 
 def weighted_sum(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """w [T, H], x [T, H, S] (fp32 or narrower) -> fp32 [T, S]: sum_h w[t, h] x[t, h, s] with every product
-    exact in fp64 (24 + 24 significant bits), summed over h by the fixed tree in fp64, rounded once. The
-    indexer's head-weighted sum: H is never split, so no exact integer form is needed."""
-    return tree_sum(x.double().mul_(w.double()[:, :, None]), 1).float()
+    """w [T, H], x [T, H, S] (fp32 or narrower) -> fp32 [T, S]: sum_h w[t, h] x[t, h, s], each product one
+    fp32 multiply, summed over h by the fixed tree in fp32. The indexer's head-weighted sum: H is never
+    split (the indexer is replicated), so a fixed order is enough; no exact form is needed."""
+    return tree_sum(x.float() * w.float()[:, :, None], 1)
 
 
-# -- transcendentals (fp64 formulas, rounded once to the input dtype) ------------------------------------
+# -- transcendentals: fixed formulas of IEEE basic operations in the input's own type --------------------
+# fp32 (bf16 / fp16 computed in fp32, rounded once to their type): Cody-Waite reduction with a 16-bit
+# ln2 head, so n ln2_hi is exact for |n| <= 2^8; fp64 (RoPE's table, which the model builds in fp64):
+# the same formulas with fdlibm's constants and more terms.
+LN2_HI_32 = 0.693145751953125  # 16 significant bits
+LN2_LO_32 = 1.428606765330187045e-06
+INV_LN2_32 = 1.4426950216293335
+SQRT_HALF = 0.7071067811865476
 LN2_HI = 6.93147180369123816490e-01  # fdlibm: n * LN2_HI is exact for |n| < 2^11
 LN2_LO = 1.90821492927058770002e-10
 INV_LN2 = 1.44269504088896338700e00
@@ -222,32 +223,65 @@ _EXP_TERMS = 14  # Taylor terms of exp(r), |r| <= ln2 / 2: truncation below 1e-1
 _ATANH_TERMS = 13  # odd terms of atanh(s), |s| <= 0.1716
 
 
-def _exp64(x: torch.Tensor, narrow: bool = False) -> torch.Tensor:
-    """e^x in fp64. `narrow`: the caller rounds to fp32 or a narrower type, so x is clamped to
-    [-708, 708] instead (2^n then one exponent-bit power): every result beyond that range rounds to the
-    same 0 / inf / 1 there as with the wide clamp."""
-    x = x.clamp(-708.0, 708.0) if narrow else x.clamp(-1100.0, 710.0)
+def _exp32(x: torch.Tensor) -> torch.Tensor:
+    """e^x of fp32 x: clamp to [-104, 89] (0 and inf beyond); n = round(x / ln2); r = (x - n ln2_hi) -
+    n ln2_lo; e^r = 1 + (r + r^2 q(r)), q the Taylor terms 1/2! ... 1/8! by Horner; times 2^h 2^(n - h),
+    h = floor(n / 2) (the first step stays normal, so a subnormal result is rounded once)."""
+    xc = x.clamp(-104.0, 89.0)
+    n = (xc * INV_LN2_32).round_()
+    r = (xc - n * LN2_HI_32) - n * LN2_LO_32
+    q = torch.full_like(r, 1.0 / math.factorial(8))
+    for i in range(7, 1, -1):
+        q = q * r + 1.0 / math.factorial(i)
+    p = (r * r * q + r) + 1.0
+    ni = n.to(torch.int32)
+    h = torch.div(ni, 2, rounding_mode="floor")
+    return torch.where(torch.isnan(x), x, p * pow2_32(h) * pow2_32(ni - h))
+
+
+def _log32(x: torch.Tensor) -> torch.Tensor:
+    """ln x of fp32 x: x = m 2^e, m in [sqrt(1/2), sqrt(2)); f = m - 1, s = f / (2 + f); ln m = 2s +
+    2s s^2 p(s^2), p the odd atanh terms 1/3 ... 1/13 by Horner; ln x = e ln2_hi + (e ln2_lo + ln m)."""
+    m, e = torch.frexp(x)
+    small = m < SQRT_HALF
+    m = torch.where(small, m * 2.0, m)
+    e = (e - small.to(e.dtype)).float()
+    f = m - 1.0
+    s = f / (2.0 + f)
+    s2 = s * s
+    p = torch.full_like(s, 1.0 / 13)
+    for i in range(5, 0, -1):
+        p = p * s2 + 1.0 / (2 * i + 1)
+    y = e * LN2_HI_32 + (e * LN2_LO_32 + (2.0 * s * s2 * p + 2.0 * s))
+    y = torch.where(x == 0, -math.inf, y)
+    y = torch.where(torch.isposinf(x), math.inf, y)
+    return torch.where((x < 0) | torch.isnan(x), math.nan, y)
+
+
+def _exp64(x: torch.Tensor) -> torch.Tensor:
+    """e^x in fp64 (x clamped to [-1100, 710])."""
+    x = x.clamp(-1100.0, 710.0)
     n = torch.round(x * INV_LN2)
     r = (x - n * LN2_HI).sub_(n * LN2_LO)
     p = torch.full_like(r, 1.0 / math.factorial(_EXP_TERMS - 1))
     for i in range(_EXP_TERMS - 2, -1, -1):
         p.mul_(r).add_(1.0 / math.factorial(i))
-    return p.mul_(pow2(n)) if narrow else ldexp(p, n)
+    return ldexp(p, n)
 
 
-def _narrow(dtype: torch.dtype) -> bool:
-    return dtype in (torch.float32, torch.bfloat16, torch.float16)
+def _exp_any(x: torch.Tensor) -> torch.Tensor:
+    """e^x in x's working type: fp64 for fp64, else fp32."""
+    return torch.where(torch.isnan(x), x, _exp64(x)) if x.dtype == torch.float64 else _exp32(x.float())
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
     """e^x, NaN kept."""
-    y = _exp64(x.double(), _narrow(x.dtype))
-    return torch.where(torch.isnan(x), x.double(), y).to(x.dtype)
+    return _exp_any(x).to(x.dtype)
 
 
 def _log64(x: torch.Tensor) -> torch.Tensor:
     m, e = torch.frexp(x)  # x = m 2^e, m in [0.5, 1)
-    small = m < 0.7071067811865476
+    small = m < SQRT_HALF
     m = torch.where(small, m * 2.0, m)
     e = (e - small.to(e.dtype)).double()
     f = m - 1.0
@@ -264,7 +298,7 @@ def _log64(x: torch.Tensor) -> torch.Tensor:
 
 def log(x: torch.Tensor) -> torch.Tensor:
     """Natural log (-inf at 0, NaN below)."""
-    return _log64(x.double()).to(x.dtype)
+    return (_log64(x) if x.dtype == torch.float64 else _log32(x.float())).to(x.dtype)
 
 
 PIO2_1 = 1.57079632673412561417e00  # fdlibm's pi/2 in three parts (n * PIO2_1, n * PIO2_2 exact)
@@ -301,16 +335,19 @@ def cos(x: torch.Tensor) -> torch.Tensor:
 
 def pow_scalar(base: float, x: torch.Tensor) -> torch.Tensor:
     """base ** x for a positive scalar base: exp(x ln(base)) by the formula (RoPE's inverse frequencies)."""
-    return exp(x.double() * math.log(base)).to(x.dtype)
+    w = x if x.dtype == torch.float64 else x.float()
+    return exp(w * math.log(base)).to(x.dtype)
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    return _exp64(-x.double(), _narrow(x.dtype)).add_(1.0).reciprocal_().to(x.dtype)
+    """1 / (1 + e^-x) in x's working type."""
+    return (1.0 / (1.0 + _exp_any(-x))).to(x.dtype)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
-    xd = x.double()
-    return (xd / _exp64(-xd, _narrow(x.dtype)).add_(1.0)).to(x.dtype)
+    """x / (1 + e^-x) in x's working type."""
+    w = x if x.dtype == torch.float64 else x.float()
+    return (w / (1.0 + _exp_any(-w))).to(x.dtype)
 
 
 def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:

@@ -1,19 +1,25 @@
 """Forward tokens/s of the normal vs the layout-invariant mode (docs/spec.md section 12) on the cpu backend,
 in the same run, interleaved: tiny and a wider config (hidden 1024, 8 heads), median of N, printed as a
-ratio.
+ratio; idle, then (--load) with a process this script starts spinning one core. Beside it, the GEMM
+throughput the mode's cost rests on: an fp32 GEMM, torch._int_mm (int8 x int8 -> int32) and the mode's
+exact product by its fp64 engine (two fp64 GEMMs) and, where the CPU has int8 dot products, its int8
+engine (16 int8 digit products), same shapes.
 
-    OMP_NUM_THREADS=1 python bench/bench_invariant.py [--repeats 5] [--tokens 256]
+    python bench/bench_invariant.py [--repeats 5] [--tokens 256] [--load]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
 import statistics
 import time
 
 import torch
 
+from backends import invariant_gemm
+from backends.invariant import exact_matmul
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel.invariant import layout_invariant
@@ -52,11 +58,53 @@ def _medians(model, ids, repeats: int) -> tuple[tuple[float, float], tuple[float
     return med(normal), med(inv)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--tokens", type=int, default=256)
-    args = ap.parse_args()
+def _spin() -> None:
+    while True:
+        pass
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()
+    runs = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t)
+    return statistics.median(runs)
+
+
+def _gemm_row(m: int, k: int, n: int, repeats: int) -> dict[str, float]:
+    g = torch.Generator().manual_seed(0)
+    a, w = torch.randn(m, k, generator=g), torch.nn.Parameter(torch.randn(k, n, generator=g))
+    a8 = torch.randint(-64, 65, (m, k), dtype=torch.int8, generator=g)
+    w8 = torch.randint(-64, 65, (n, k), dtype=torch.int8, generator=g).T
+    few = max(1, repeats // 3)  # the slow ones
+    row = {
+        "fp32": _median_seconds(lambda: a @ w.data, repeats),
+        "fp64": _median_seconds(lambda: a.double() @ w.data.double(), few),
+        "int8 _int_mm": _median_seconds(lambda: torch._int_mm(a8, w8), few),
+        "exact (fp64)": _median_seconds(lambda: exact_matmul(a, w, engine="fp64"), few),
+    }
+    if invariant_gemm.ENGINE == "int8":  # 16 digit products: minutes where _int_mm has no VNNI / AMX
+        row["exact (int8)"] = _median_seconds(lambda: exact_matmul(a, w, engine="int8"), few)
+    return row
+
+
+def gemms(repeats: int) -> None:
+    """G(FL)OP/s of one [M, K] x [K, N] product: fp32, int8 (torch._int_mm), and the mode's exact product
+    by each engine (the weight side cached, as in a forward); in brackets the time against fp32's."""
+    for m, k, n in ((256, 1024, 2048), (256, 6144, 1024)):
+        row = _gemm_row(m, k, n, repeats)
+        flops = 2 * m * k * n
+        print(
+            f"gemm [{m}, {k}] x [{k}, {n}]: "
+            + ", ".join(
+                f"{name} {flops / sec / 1e9:.1f} G/s ({sec / row['fp32']:.2f}x)" for name, sec in row.items()
+            )
+        )
+
+
+def forwards(args) -> None:
     for name, overrides in (("tiny", {}), ("wide", WIDE)):
         cfg = GLM5Config.from_preset("tiny", **overrides)
         model = GLM5ForCausalLM(cfg, backend="cpu")
@@ -67,6 +115,27 @@ def main() -> None:
             f"{name}: normal {n / normal:.0f} tok/s, invariant {n / inv:.0f} tok/s, cost {inv / normal:.2f}x "
             f"(CPU time: {inv_cpu / normal_cpu:.2f}x)"
         )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--load", action="store_true", help="then again with a process spinning one core")
+    args = ap.parse_args()
+    print(f"threads {torch.get_num_threads()}, exact GEMM engine {invariant_gemm.ENGINE}")
+    gemms(args.repeats)
+    print("idle:")
+    forwards(args)
+    if args.load:
+        spinner = multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
+        spinner.start()
+        try:
+            print("loaded (one process spinning a core):")
+            forwards(args)
+        finally:
+            spinner.terminate()
+            spinner.join()
 
 
 if __name__ == "__main__":

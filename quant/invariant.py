@@ -31,10 +31,10 @@ def _quantize_rows(xf: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]
     return q.double(), scale
 
 
-def forward(module, x: torch.Tensor) -> torch.Tensor:
-    """module: a QuantLinear (int_weight, scheme, group_size, bias, out_features); x [..., K_local]."""
-    pending = invariant.take_row_parallel()
-    group = pending[0] if pending is not None else None
+def forward(module, x: torch.Tensor, split: invariant.RowSplit | None = None) -> torch.Tensor:
+    """module: a QuantLinear (int_weight, scheme, group_size, bias, out_features); x [..., K_local];
+    `split`: the plan's row-parallel split (K over its group), None for a whole layer."""
+    group = split.group if split is not None else None
     shape = x.shape
     xq, x_scale = _quantize_rows(x.reshape(-1, shape[-1]).float(), group)
     w, w_scale = module.int_weight()  # int8 [N, K_local], fp32 [N, G_local]

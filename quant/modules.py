@@ -134,9 +134,11 @@ class QuantLinear(Fp32Scales):
             self.group_size = self.scheme.group_size or self.in_features
         self.use_backend(self.backend)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, split: invariant.RowSplit | None = None) -> torch.Tensor:
+        """x [..., K] -> [..., N]; `split`: the plan's row-parallel split, taken in the layout-invariant
+        mode (quant/invariant.py)."""
         if invariant.active():
-            return invariant_mode.forward(self, x)
+            return invariant_mode.forward(self, x, split)
         shape = x.shape
         be, w = self.backend, self._prepared
         xq, xs = be.dynamic_quant_int8(x.reshape(-1, shape[-1]))

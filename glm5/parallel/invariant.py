@@ -7,11 +7,12 @@ or expert-parallel layout, batch size and prefill/decode split, on a backend tha
         logits = model(ids).logits
 
 Inside, a TorchDispatchMode computes the model's own arithmetic with `backends.invariant`:
-every matrix product exactly (fixed-point, fp64), reductions by a fixed tree, exp / log / sigmoid / silu
+every matrix product exactly (fixed-point integers), reductions by a fixed tree, exp / log / sigmoid / silu
 / sin / cos by fixed formulas. The backend ops read the same flag and do the same inside. A row-parallel
-linear of the plan (glm5/parallel/plan.py) takes its row and column maxima over the group and sums the
-integer partial products over it before the one rounding, so it returns the unsplit layer's bits; the
-plan then skips its float all-reduce. Only the forward is invariant: gradients are the ordinary ones.
+linear of the plan (glm5/parallel/plan.py) calls `linear` with its split as an argument: the product
+takes its row and column maxima over the group and sums the int64 partial products over it before the one
+rounding, so it returns the unsplit layer's bits; the plan then skips its float all-reduce. Only the
+forward is invariant: gradients are the ordinary ones.
 
 Serving reads `GLM5_LAYOUT_INVARIANT=1` through `from_env()` (the vLLM plugin's one-line hook).
 """
@@ -58,21 +59,17 @@ def require(backend) -> None:
             )
 
 
-row_parallel_next = num.row_parallel_next  # the plan's pre-hook; the next product takes it
+RowSplit = num.RowSplit
 
 
-def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    pending = num.take_row_parallel()
-    if pending is None:
-        return num.exact_matmul(a, b)
-    group, k_total = pending
-    return num.exact_matmul(
-        a,
-        b,
-        k_total=k_total,
-        max_over=lambda m: group.all_gather(m[None], 0).amax(0),
-        sum_over=lambda p: group.all_reduce(p, exact=True),
-    )
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, split: RowSplit) -> torch.Tensor:
+    """A row-parallel nn.Linear in the mode (the plan's forward): x [..., K_local] @ weight [N, K_local]^T
+    as the exact product with `split` (maxima over the group, integer partials summed over it), then the
+    bias as F.linear's addmm adds it. Every rank returns the unsplit layer's bits."""
+    out = num.exact_matmul(x.reshape(-1, x.shape[-1]), weight.t(), split=split)
+    if bias is not None:
+        out = bias + out
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def _sum(x, dims=None, keepdim=False, dtype=None):
@@ -115,9 +112,9 @@ def _floating(x) -> bool:
 
 
 _HANDLERS = {
-    aten.mm.default: lambda a, b: _mm(a, b),
+    aten.mm.default: lambda a, b: num.exact_matmul(a, b),
     aten.bmm.default: lambda a, b: num.exact_matmul(a, b),
-    aten.addmm.default: lambda bias, a, b, beta=1, alpha=1: beta * bias + alpha * _mm(a, b),
+    aten.addmm.default: lambda bias, a, b, beta=1, alpha=1: beta * bias + alpha * num.exact_matmul(a, b),
     aten.exp.default: num.exp,
     aten.log.default: num.log,
     aten.sigmoid.default: num.sigmoid,

@@ -169,20 +169,22 @@ def _rowwise(lin: nn.Linear, group: Group) -> None:
     else:
         k_total = None
 
-    def exact_partials(module: nn.Module, args: tuple) -> None:
-        if invariant.active():
-            if k_total is None:
-                raise invariant.NotLayoutInvariant(
-                    f"{type(lin).__name__}: a row-parallel layer other than nn.Linear has no exact "
-                    "split product in the layout-invariant mode"
-                )
-            invariant.row_parallel_next(group, k_total)
+    split = invariant.RowSplit(group, k_total) if k_total is not None else None
+    plain = lin.forward
 
-    def summed(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-        return out if invariant.active() else reduce(out, group)
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if not invariant.active():
+            return reduce(plain(x), group)
+        if split is None:
+            raise invariant.NotLayoutInvariant(
+                f"{type(lin).__name__}: a row-parallel layer other than nn.Linear has no exact "
+                "split product in the layout-invariant mode"
+            )
+        if isinstance(lin, nn.Linear):
+            return invariant.linear(x, lin.weight, lin.bias, split)
+        return plain(x, split=split)  # a quantized linear: quant/invariant.py takes the split
 
-    lin.register_forward_pre_hook(exact_partials)
-    lin.register_forward_hook(summed)
+    lin.forward = forward  # the split is the product's argument (SPEC 12), not state read by the next op
 
 
 def _attention(attn: nn.Module, group: Group) -> None:

@@ -2,7 +2,7 @@
 
 There, composite ops (F.linear, einsum, layer_norm, log_softmax.int, ...) reach the mode whole instead of as
 mm / bmm / native_layer_norm / _log_softmax: the mode must decompose them, or a linear is the BLAS's product
-and a row-parallel layer's pending exact sum is never taken (its partial then passes for the whole sum).
+and its bits are the BLAS's.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from backends import invariant as num
 from glm5.parallel.group import Single
-from glm5.parallel.invariant import layout_invariant, row_parallel_next
+from glm5.parallel.invariant import RowSplit, layout_invariant, linear
 
 
 def _inputs():
@@ -44,9 +44,10 @@ def test_composite_ops_under_inference_mode_are_the_modes():
     assert not torch.equal(F.linear(x, w), want[0])  # the BLAS's product differs: the check can fail
 
 
-def test_row_parallel_marker_is_taken_by_a_linear_under_inference_mode():
+def test_a_row_parallel_linear_takes_its_split_as_an_argument_under_inference_mode():
     x, w = _inputs()
     with torch.inference_mode(), layout_invariant():
-        row_parallel_next(Single(), x.shape[1])
-        F.linear(x, w)
-        assert num.take_row_parallel() is None
+        got = linear(x[None], w, None, RowSplit(Single(), x.shape[1]))
+        after = F.linear(x, w)  # nothing is left pending for the next product
+    assert torch.equal(got[0], num.exact_matmul(x, w.t()))
+    assert torch.equal(after, got[0])

@@ -1,8 +1,8 @@
 """The layout-invariant mode (SPEC 12) on the tiny model, tie-heavy inputs (weights of 17 distinct values,
 repeated tokens), index_topk < tokens so DSA is sparse: logits and per-layer top-k sets are the same
 bits at TP 1 / 2 / 4, EP 2, batch 1 vs 4, prefill-all vs prefill + decode, on the reference and cpu
-backends, and the same bits under ATEN_CPU_CAPABILITY=native / avx2 / default; the normal mode differs on the
-same inputs."""
+backends, and the same bits under ATEN_CPU_CAPABILITY=native / avx2 / default and every exact integer
+GEMM; the normal mode differs on the same inputs."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from backends.invariant_gemm import GEMM_ENV
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel import plan
@@ -150,32 +151,39 @@ def test_tp4_is_the_unsplit_bits():
 
 _CHILD = """
 import hashlib, torch
+from backends.invariant_gemm import ENGINE
 from tests.glm5.test_invariant_layouts import _model, _ids, _forward
 h = hashlib.sha256()
 for be in ("reference", "cpu"):
     logits, topk = _forward(_model(be), _ids(), True)
     for t in (logits, *topk):
         h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-print(torch.backends.cpu.get_cpu_capability(), h.hexdigest())
+print(torch.backends.cpu.get_cpu_capability(), ENGINE, h.hexdigest())
 """
 
 
-def test_the_bits_are_the_same_under_every_cpu_capability():
-    """Exact arithmetic cannot depend on the instruction set: native, avx2 and default (scalar) kernels
-    give the same logits and top-k sets on both backends."""
+def test_the_bits_are_the_same_under_every_cpu_capability_and_integer_gemm():
+    """Exact arithmetic cannot depend on the instruction set or on which exact integer GEMM computes the
+    products: native, avx2 and default (scalar) kernels, and the int8 digit products (torch._int_mm), the
+    fp64 GEMMs and the plain int64 matmul, give the same logits and top-k sets on both backends."""
     hashes, isas = set(), []
-    for capability in ("native", "avx2", "default"):
+    runs = [(c, None) for c in ("native", "avx2", "default")] + [("native", "int8"), ("default", "int64")]
+    for capability, gemm in runs:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "ATEN_CPU_CAPABILITY": capability}
         if capability == "native":
             env.pop("ATEN_CPU_CAPABILITY")
+        env.pop(GEMM_ENV, None)
+        if gemm is not None:
+            env[GEMM_ENV] = gemm
         res = subprocess.run(
             [sys.executable, "-c", _CHILD], env=env, cwd=ROOT, capture_output=True, text=True
         )
         assert res.returncode == 0, res.stderr[-2000:]
-        isa, digest = res.stdout.split()
-        isas.append(isa)
+        isa, engine, digest = res.stdout.split()
+        assert gemm is None or engine == gemm
+        isas.append(f"{isa}/{engine}")
         hashes.add(digest)
-    assert len(set(isas)) > 1, f"the capabilities did not switch kernels: {isas}"
+    assert len({i.split("/")[0] for i in isas}) > 1, f"the capabilities did not switch kernels: {isas}"
     assert len(hashes) == 1, dict(zip(isas, hashes))
 
 

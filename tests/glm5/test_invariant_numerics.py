@@ -1,4 +1,4 @@
-"""The arithmetic of the layout-invariant mode (backends/reference/invariant.py, SPEC 12): exact products
+"""The arithmetic of the layout-invariant mode (backends/invariant.py, SPEC 12): exact products
 under any K split, row subset or transpose; the stated precision; formula transcendentals within a few
 ulp of torch and independent of an element's position; the fixed tree."""
 
@@ -29,7 +29,7 @@ def test_a_k_split_summed_as_integer_partials_is_the_unsplit_product():
     row = torch.stack([pa.abs().amax(-1) for pa, _ in parts]).amax(0)
     col = torch.stack([pb.abs().amax(-2) for _, pb in parts]).amax(0)
     t, e, f = num.grid_bits(96), num.scale_exponent(row), num.scale_exponent(col)
-    ints = [num.to_grid(pa, e[:, None], t) @ num.to_grid(pb, f[None, :], t) for pa, pb in parts]
+    ints = [num.to_grid(pa, e[:, None], t).long() @ num.to_grid(pb, f[None, :], t).long() for pa, pb in parts]
     for order in (ints, ints[::-1], [ints[2], ints[0], ints[3], ints[1]]):
         assert torch.equal(num.scaled(sum(order), e, f, t, torch.float32), full)
     # the same through exact_matmul's hooks, as a rank calls it
@@ -59,7 +59,7 @@ def test_row_subsets_batches_and_transposes_are_the_same_bits():
 @pytest.mark.parametrize("k", [1, 7, 64, 6144])
 def test_precision_is_t_bits_of_the_row_and_column_maxima(k):
     t = num.grid_bits(k)
-    assert t == (53 - math.ceil(math.log2(k))) // 2
+    assert t == min(27, (62 - math.ceil(math.log2(k))) // 2)
     a, b = torch.randn(8, k, generator=_g(4)), torch.randn(k, 5, generator=_g(5))
     a[3] = 0  # a zero row works (e = 0) and gives zeros
     got = num.exact_matmul(a, b).double()
@@ -86,12 +86,12 @@ def test_bf16_inputs_give_the_output_dtype():
         (num.log, torch.log, 1e-30, 1e30),
     ],
 )
-def test_transcendentals_within_one_ulp_of_the_correctly_rounded_value(ours, theirs, lo, hi):
+def test_transcendentals_within_an_ulp_or_two_of_the_correctly_rounded_value(ours, theirs, lo, hi):
     x = torch.rand(200_000, generator=_g(8)) * (hi - lo) + lo
     if ours is num.log:
         x = torch.exp(torch.rand(200_000, generator=_g(8)) * 138 - 69)
     got, want = ours(x), theirs(x.double()).float()
-    assert _ulps(got, want) <= 1
+    assert _ulps(got, want) <= (1 if ours is num.exp else 2)  # fp32 formulas (SPEC 12)
     assert _ulps(got, theirs(x)) <= 4  # and near torch's own fp32 kernel
 
 
@@ -193,17 +193,28 @@ def test_a_weights_cached_grid_follows_every_write():
     assert torch.equal(forward(model), forward(fresh))
 
 
-def test_the_narrow_exp_gives_the_wide_formulas_bits_once_rounded():
-    """exp / sigmoid / silu of fp32 / bf16 clamp to [-708, 708] and take one power of two (faster); after
-    the rounding to the input's dtype that is the wide clamp's result, also at the ends of the range."""
-    x = torch.cat([torch.linspace(-2000, 2000, 40_001), torch.tensor([-math.inf, math.inf, -3e38, 3e38])])
-    wide = num._exp64(x.double())
-    for dtype in (torch.float32, torch.bfloat16):
-        xd = x.to(dtype)
-        w = num._exp64(xd.double())
-        assert torch.equal(num.exp(xd), w.to(dtype))
-        assert torch.equal(num.sigmoid(xd), (1.0 / (1.0 + num._exp64(-xd.double()))).to(dtype))
-        finite = xd[:-4]  # silu(-inf): -inf / (1 + e^708) = -inf here, -inf / inf = NaN with the wide clamp
-        want = (finite.double() / (1.0 + num._exp64(-finite.double()))).to(dtype)
-        assert torch.equal(num.silu(finite), want)
-    assert torch.equal(num.exp(x.double()), wide)  # fp64 keeps the wide range
+def test_fp32_and_narrower_transcendentals_never_widen_to_fp64(monkeypatch):
+    """exp / log / sigmoid / silu of fp32, bf16 and fp16 run in fp32 (what Ascend's vector unit and a GPU's
+    fp32 units have): no fp64 tensor is made; bf16 / fp16 are the fp32 formula rounded once; the edges of
+    fp32's range give 0, subnormals and inf as the correctly rounded exp does."""
+    made = []
+    real = torch.Tensor.double
+
+    def spy(self, *a, **k):
+        made.append(self.shape)
+        return real(self, *a, **k)
+
+    x = torch.cat([torch.linspace(-110, 95, 20_001), torch.tensor([-math.inf, math.inf, -3e38, 3e38])])
+    monkeypatch.setattr(torch.Tensor, "double", spy)
+    outs = {
+        dt: [f(x.to(dt)) for f in (num.exp, num.sigmoid, num.silu)] for dt in (torch.float32, torch.bfloat16)
+    }
+    logs = num.log(x.abs())
+    monkeypatch.undo()
+    assert made == []
+    for got, f in zip(outs[torch.bfloat16], (num.exp, num.sigmoid, num.silu), strict=True):
+        want = f(x.to(torch.bfloat16).float()).bfloat16()
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)  # silu(-inf) is NaN
+    exp32 = outs[torch.float32][0]
+    assert _ulps(exp32, torch.exp(x.double()).float()) <= 1  # subnormal results and overflow included
+    assert _ulps(logs[:-4], torch.log(x.abs().double()).float()[:-4]) <= 2

@@ -1,0 +1,304 @@
+"""The exact integer GEMM of the layout-invariant mode (SPEC 12): a fixed-point grid per row of A and per
+column of B, the integer product P = A_q B_q computed exactly, and the one rounding of P 2^n.
+
+- `to_grid`: round_half_even(x 2^(t - e)) as int32, e the row's (column's) exponent, t `grid_bits(K)`.
+- `digits`: a grid value as four signed int8 digits (base 2^7, |d| <= 64).
+- `int_product`: P exactly, as int64, by one of three engines that give the same integers: "int8" (the
+  16 digit pairs by int8 x int8 -> int32, torch._int_mm), "fp64" (two fp64 GEMMs whose partial sums are
+  integers below 2^53) and "int64" (a plain integer matmul). `ENGINE` is this process's choice.
+- `round_scaled`: P 2^n rounded once to nearest even to the output dtype, in integer operations.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+
+# -- powers of two from their bits (torch.ldexp multiplies by pow(2, n), a vectorised pow) --------------
+def pow2(n: torch.Tensor) -> torch.Tensor:
+    """2^n in fp64 for integer-valued n in [-1022, 1023], built from its exponent bits (exact)."""
+    return ((n.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
+def pow2_32(n: torch.Tensor) -> torch.Tensor:
+    """2^n in fp32 for integer-valued n in [-126, 127], built from its exponent bits (exact)."""
+    return ((n.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def ldexp(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """x * 2^n (fp64 x, integer-valued n in [-2044, 2046]) in two exact steps."""
+    half = torch.div(n.to(torch.int64), 2, rounding_mode="floor")
+    return x * pow2(half) * pow2(n.to(torch.int64) - half)
+
+
+# -- the grid ---------------------------------------------------------------------------------------------
+SLICE_BITS = 7  # a signed digit of the grid: |d| <= 64 fits int8, |d d'| <= 2^12
+SLICES = 4
+T_MAX = SLICE_BITS * SLICES - 1  # 27: |q| <= 2^27 is four digits, the top one |d| <= 64 too
+INT_BITS = 62  # |P| <= K 2^(2t) <= 2^62: int64, with room for the sign
+
+
+def grid_bits(k: int) -> int:
+    """t = min(27, floor((62 - ceil(log2 K)) / 2)): a grid value is four signed int8 digits and the
+    integer product |P| <= K 2^(2t) <= 2^62 fits int64 (t = 24 at K = 6144 and 16384, 25 at 2048)."""
+    return min(T_MAX, (INT_BITS - math.ceil(math.log2(max(k, 1)))) // 2)
+
+
+def scale_exponent(absmax: torch.Tensor) -> torch.Tensor:
+    """e (int32) with absmax <= 2^e (0 for a zero max)."""
+    return torch.frexp(absmax.float())[1]
+
+
+def grid_values(x: torch.Tensor, e: torch.Tensor, t: int) -> torch.Tensor:
+    """round_half_even(x 2^(t - e)) (|.| <= 2^t) as integer-valued floats: fp32 (bf16 / fp16 widened
+    exactly) times two exact powers of two 2^h1, 2^h2 (h1 + h2 = t - e; no step leaves fp32's normal
+    range for a value that rounds to a non-zero integer), rounded in fp32 (above 2^23 an fp32 is an
+    integer already: the scaled input itself, exact); fp64 input in fp64."""
+    n = t - e.to(torch.int32)
+    h1 = torch.div(n, 2, rounding_mode="floor")
+    if x.dtype == torch.float64:
+        return (x * pow2(h1) * pow2(n - h1)).round_()
+    return (x.float() * pow2_32(h1)).mul_(pow2_32(n - h1)).round_()
+
+
+def to_grid(x: torch.Tensor, e: torch.Tensor, t: int) -> torch.Tensor:
+    """`grid_values` as int32."""
+    return grid_values(x, e, t).to(torch.int32)
+
+
+def digits(q: torch.Tensor) -> torch.Tensor:
+    """int32 q [..., R, C] with |q| <= 2^27 -> int8 [SLICES, ..., R, C], most significant first:
+    q = sum_i d_i 2^(7 (3 - i)), the low digits in [-64, 63] (balanced), the top one in [-64, 64]."""
+    out = []
+    for _ in range(SLICES - 1):
+        low = ((q + 64) & 127) - 64
+        out.append(low)
+        q = (q - low) >> SLICE_BITS
+    out.append(q)
+    return torch.stack(out[::-1]).to(torch.int8)
+
+
+def _int_mm_padded(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+    """a int8 [M, K] x b_t int8 [N, K]^T -> int32 [M, N] by torch._int_mm, K zero-padded to a multiple of
+    8, at least 8 (zeros add nothing; torch 2.13's CPU kernel is wrong for K = 1)."""
+    k = a.shape[-1]
+    pad = max(8, -(-k // 8) * 8) - k
+    if pad:
+        a = torch.nn.functional.pad(a, (0, pad))
+        b_t = torch.nn.functional.pad(b_t, (0, pad))
+    return torch._int_mm(a.contiguous(), b_t.T)
+
+
+def _int8_product(a_q: torch.Tensor, b_digits_t: torch.Tensor) -> torch.Tensor:
+    """P = a_q @ b_q exactly, as int64, from int8 digit products: a's digits stacked on M ([S M, K]), b's
+    on N ([S N, K], given); one int8 x int8 -> int32 product [S M, S N] holds all S^2 = 16 pairs (i, j).
+    The pairs of one level l = i + j are summed in int32 (<= 4 pairs x K 2^12 < 2^31 for K < 131,072),
+    the levels combined in int64: P = sum_l S_l 2^(7 (6 - l))."""
+    m, n = a_q.shape[-2], b_digits_t.shape[-2] // SLICES
+    if m == 0 or n == 0:
+        return torch.zeros(m, n, dtype=torch.int64)
+    pairs = _int_mm_padded(digits(a_q).reshape(SLICES * m, -1), b_digits_t).view(SLICES, m, SLICES, n)
+    p = torch.zeros(m, n, dtype=torch.int64)
+    for level in range(2 * SLICES - 1):
+        s = sum(pairs[i, :, level - i] for i in range(max(0, level - SLICES + 1), min(level, SLICES - 1) + 1))
+        p = (p << SLICE_BITS) + s.to(torch.int64)
+    return p
+
+
+def halves(q: torch.Tensor) -> torch.Tensor:
+    """Integer-valued q (fp32 or fp64, |q| <= 2^27) -> fp64 [2, ...]: h = round_half_even(q 2^-14) and
+    l = q - h 2^14 (|l| <= 2^13), every step exact in q's own float type."""
+    h = (q * 2.0**-14).round_()
+    return torch.stack([h, q - h * 2.0**14]).double()
+
+
+def _fp64_product(hl: torch.Tensor, b_d: torch.Tensor, t: int) -> torch.Tensor:
+    """P = a_q @ b_q exactly, as int64, by fp64 GEMMs of a_q's `halves` (h, l stacked on M, one
+    product): every partial sum of h b (|h| <= 2^(t - 14) + 1) and of l b (|l| <= 2^13) is an integer
+    below 2^(13 + t + log2 K) <= 2^53 (K chunked by 2^(40 - t) where it would not be), combined in
+    int64: P = (h b) 2^14 + l b."""
+    k, chunk = hl.shape[-1], 1 << (40 - t)
+    out = None
+    for z in range(0, max(k, 1), chunk):
+        part = torch.matmul(hl[..., z : z + chunk], b_d[..., z : z + chunk, :]).to(torch.int64)
+        out = part if out is None else out + part
+    return (out[0] << 14).add_(out[1])
+
+
+def b_form(b_q: torch.Tensor, engine: str) -> torch.Tensor:
+    """b's grid [..., K, N] in the form `engine` multiplies: fp64 integers, int64, or int8 digits stacked
+    on N and transposed ([..., S N, K], what `_int8_product` takes)."""
+    if engine == "fp64":
+        return b_q.double()
+    if engine == "int64":
+        return b_q.to(torch.int64)
+    d = digits(b_q.transpose(-1, -2))  # [S, ..., N, K]
+    return d.movedim(0, -3).flatten(-3, -2).contiguous()
+
+
+def int_product(a_q: torch.Tensor, b: torch.Tensor, engine: str, t: int) -> torch.Tensor:
+    """The exact integer product P = a_q @ b_q (int32 grids of t bits; b in `b_form`) as int64, by
+    `engine`:
+    "int8" (int8 digit products, int8 x int8 -> int32 by torch._int_mm), "fp64" (two fp64 GEMMs of
+    exact integer partial sums) or "int64" (the plain integer matmul). All three are the same integers."""
+    if engine == "fp64":
+        return _fp64_product(halves(a_q.double()), b, t)
+    if engine == "int64":
+        return torch.matmul(a_q.to(torch.int64), b)
+    if a_q.dim() == 2 and b.dim() == 2:
+        return _int8_product(a_q, b)
+    batch = torch.broadcast_shapes(a_q.shape[:-2], b.shape[:-2])
+    a_q = a_q.expand(batch + a_q.shape[-2:]).reshape(-1, *a_q.shape[-2:])
+    b = b.expand(batch + b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    out = torch.empty(a_q.shape[0], a_q.shape[-2], b.shape[-2] // SLICES, dtype=torch.int64)
+    for i in range(a_q.shape[0]):  # torch._int_mm is 2-D only
+        out[i] = _int8_product(a_q[i], b[i])
+    return out.view(batch + out.shape[-2:])
+
+
+def grid_product(a: torch.Tensor, e: torch.Tensor, t: int, b: torch.Tensor, engine: str) -> torch.Tensor:
+    """P = grid(a) @ b_q (a float [..., M, K], e [..., M, 1]; b in `b_form`) exactly, as int64."""
+    if engine == "fp64":  # the halves straight from the float grid: no int32 round trip
+        return _fp64_product(halves(grid_values(a, e, t)), b, t)
+    return int_product(to_grid(a, e, t), b, engine, t)
+
+
+def _round_odd_fp32(
+    ph: torch.Tensor, pl: torch.Tensor, n_row: torch.Tensor, n_col: torch.Tensor
+) -> torch.Tensor:
+    """(ph 2^14 + pl) 2^(n_row + n_col) rounded once to fp32, for the fp64 engine's exact halves: their sum
+    rounded to odd in fp64 (TwoSum's exact error tells which neighbour is odd), scaled exactly, then one
+    cast. Rounding to odd at 53 bits and then to nearest at 24 is the one rounding to nearest (p >= 24 + 2),
+    so the bits are `round_scaled`'s."""
+    x = ph * 16384.0
+    s = x + pl
+    bb = s - x
+    err = (x - (s - bb)).add_(pl - bb)
+    mag = s.abs().view(torch.int64)
+    inexact = err != 0
+    above = inexact & ((err > 0) != (s > 0))  # |s| > |P|: the odd neighbour is s or the one below
+    mag = (mag - above.to(torch.int64)) | inexact.to(torch.int64)  # inexact: the odd of the two around P
+    r = torch.copysign(mag.view(torch.float64), s.add_(0.0))  # s + 0: an exact zero P is +0
+    return r.mul_(pow2(n_row)[..., :, None]).mul_(pow2(n_col)[..., None, :]).float()
+
+
+def rounded_product(
+    a: torch.Tensor,
+    e: torch.Tensor,
+    t: int,
+    b: torch.Tensor,
+    f: torch.Tensor,
+    engine: str,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """grid(a) @ b_q times 2^(e_i + f_j - 2t), rounded once to dtype (e [..., M], f [..., N])."""
+    if engine == "fp64" and dtype == torch.float32 and a.shape[-1] <= 1 << (40 - t):
+        hl = torch.matmul(halves(grid_values(a, e[..., None], t)), b)
+        return _round_odd_fp32(hl[0], hl[1], e.to(torch.int64) - t, f.to(torch.int64) - t)
+    return scaled(grid_product(a, e[..., None], t, b, engine), e, f, t, dtype)
+
+
+#: (significant bits, minimum normal exponent) of each output dtype
+_FORMAT = {
+    torch.float32: (24, -126),
+    torch.bfloat16: (8, -126),
+    torch.float16: (11, -14),
+    torch.float64: (53, -1022),
+}
+
+
+def _bit_length(a: torch.Tensor) -> torch.Tensor:
+    """L with 2^(L-1) <= a < 2^L (0 for 0), a int64 >= 0: the fp32 conversion's exponent, which is L or
+    L + 1 whatever that conversion rounds, corrected by one shift."""
+    e = torch.frexp(a.float())[1].to(torch.int64)
+    return e - ((a >> (e - 1).clamp_min(0)) == 0).to(torch.int64) * (e > 0)
+
+
+def _pow2_any(n: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2^n exactly in fp32 (n in [-149, 127], subnormal below -126) or fp64 (n in [-1022, 1023])."""
+    if dtype == torch.float64:
+        return pow2(n)
+    n = n.to(torch.int32)
+    normal = ((n.clamp(-126, 127) + 127) << 23).view(torch.float32)
+    sub = (torch.ones_like(n) << (n + 149).clamp(0, 22)).view(torch.float32)
+    return torch.where(n < -126, sub, normal)
+
+
+def _round_fp32(p: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """`round_scaled` to fp32, the float built from its bits: keep 24 significant bits of |P| (fewer where
+    P 2^n is subnormal: its ulp is 2^-149), round half to even in integers, then the exponent field
+    n + shift + 149 (0 for a subnormal) added above the 24-bit q, whose carry into the exponent is the
+    rounding's own; past the range, inf."""
+    a = p.abs()
+    e = ((a.float().view(torch.int32) >> 23) - 126).to(torch.int64).clamp_min_(0)  # L or L + 1
+    length = e - (a >> (e - 1).clamp_min(0) == 0).to(torch.int64) * (e > 0)
+    shift = torch.maximum(length - 24, -149 - n).clamp_max_(63)  # < 0: a short q moved up, exact
+    right = shift.clamp_min(0)
+    one = (right > 0).to(torch.int64)
+    bias = (one << (right - one)) - one + ((a >> right) & one)  # half - 1, + 1 if q is odd: to even
+    q = ((a + bias) >> right) << (-shift).clamp_min_(0)
+    bits = ((n + shift + 149) << 23).add_(q).clamp_(0, 0x7F800000).masked_fill_(a == 0, 0).to(torch.int32)
+    out = bits.view(torch.float32)
+    return torch.where(p < 0, -out, out)
+
+
+def round_scaled(p: torch.Tensor, n: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """P 2^n (P int64, n integer [.., M, N]) rounded once, to nearest even, to dtype, in integer
+    operations: keep the dtype's significant bits of |P| (fewer where the result is subnormal), round
+    the rest away in integers, then one exact product q 2^(n + shift) (inf past the dtype's range)."""
+    n = n.to(torch.int64)
+    if dtype == torch.float32:
+        return _round_fp32(p, n)
+    bits, emin = _FORMAT[dtype]
+    a = p.abs()
+    shift = torch.maximum(_bit_length(a) - bits, emin - bits + 1 - n).clamp(0, 63)
+    q = a >> shift
+    rest = a - (q << shift)
+    half = torch.where(shift > 0, torch.ones_like(shift) << (shift - 1).clamp_min(0), 0)
+    q = q + ((rest > half) | ((rest == half) & (shift > 0) & ((q & 1) == 1))).to(torch.int64)
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    q = torch.where(p < 0, -q, q).to(wide)  # |q| <= 2^bits: exact
+    m = n + shift  # >= emin - bits + 1: 2^m is a (subnormal) number of `wide`
+    top = 1023 if wide == torch.float64 else 127
+    h = m.clamp_max(top)  # past the range the second factor overflows to inf, as the one rounding does
+    return (q * _pow2_any(h, wide) * _pow2_any((m - h).clamp_max(top), wide)).to(dtype)
+
+
+def scaled(
+    partial: torch.Tensor, e_row: torch.Tensor, f_col: torch.Tensor, t: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The integer product P (int64) times 2^(e_i + f_j - 2t), rounded once to dtype (`round_scaled`)."""
+    n = e_row.to(torch.int64)[..., :, None] + f_col.to(torch.int64)[..., None, :] - 2 * t
+    return round_scaled(partial, n, dtype)
+
+
+def _amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "amx_int8" in f.read()
+    except OSError:
+        return False
+
+
+GEMM_ENV = "GLM5_INVARIANT_GEMM"
+ENGINES = ("int8", "fp64", "int64")
+
+
+def _engine() -> str:
+    """The exact integer GEMM this process uses (all give the same integers): GLM5_INVARIANT_GEMM, else
+    int8 where the CPU has AMX (its int8 tiles outrun 16 digit products' worth of fp64), else fp64: with
+    VNNI alone an instruction does 8x an fp64 FMA's multiplies, which 16 digit pairs against two fp64
+    GEMMs use up, and on an AVX2-only CPU torch._int_mm is 14-19x slower than an fp32 GEMM
+    (docs/performance.md)."""
+    value = os.environ.get(GEMM_ENV)
+    if value is not None:
+        if value not in ENGINES:
+            raise ValueError(f"{GEMM_ENV}: expected one of {', '.join(ENGINES)}, got {value!r}")
+        return value
+    return "int8" if hasattr(torch, "_int_mm") and _amx() else "fp64"
+
+
+ENGINE = _engine()

@@ -1,0 +1,153 @@
+"""The integer products of the layout-invariant mode (backends/invariant_gemm.py, SPEC 12): int8 digits that
+rebuild the grid, the three exact GEMMs (int8 digit products, fp64, plain int64) giving the same integers
+at GLM-5's widths and at the grid's extremes, the one rounding done in integers, and the error against
+the exact product inside the tolerance the normal mode's conformance uses for each op."""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+
+import pytest
+import torch
+
+from backends import invariant as num
+from backends import invariant_gemm as gemm
+from conformance.comparators import COMPARATORS
+from conformance.compare import Context
+
+
+def _g(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_four_int8_digits_rebuild_every_grid_value():
+    t = gemm.T_MAX
+    q = torch.randint(-(2**t), 2**t + 1, (50_000,), generator=_g(0), dtype=torch.int32)
+    q[:4] = torch.tensor([2**t, -(2**t), 2**t - 1, 0])
+    d = gemm.digits(q)
+    assert d.dtype == torch.int8 and d.shape == (4, 50_000)
+    assert int(d.abs().max()) <= 64  # so every digit product is <= 2^12
+    rebuilt = sum(d[i].int() << (7 * (3 - i)) for i in range(4))
+    assert torch.equal(rebuilt, q)
+
+
+@pytest.mark.parametrize(
+    "m,k,n",
+    [(9, 96, 7), (1, 1, 1), (3, 13, 5), (0, 5, 3), (4, 2048, 6), (2, 6144, 3), (2, 16384, 3)],
+)
+def test_the_three_integer_gemms_are_the_same_integers(m, k, n):
+    t = gemm.grid_bits(k)
+    a = torch.randint(-(2**t), 2**t + 1, (m, k), generator=_g(k), dtype=torch.int32)
+    b = torch.randint(-(2**t), 2**t + 1, (k, n), generator=_g(k + 1), dtype=torch.int32)
+    if m:  # a row and a column at the grid's extreme: |P| reaches K 2^(2t)
+        a[0], b[:, 0] = 2**t, -(2**t)
+    want = gemm.int_product(a, gemm.b_form(b, "int64"), "int64", t)
+    for engine in ("int8", "fp64"):
+        assert torch.equal(gemm.int_product(a, gemm.b_form(b, engine), engine, t), want), engine
+    if m:
+        assert int(want[0, 0]) == -k * 4**t  # the bound SPEC 12 states, reached and exact
+
+
+def test_batched_products_and_every_engine_give_the_same_bits():
+    a, b = torch.randn(2, 3, 5, 40, generator=_g(3)), torch.randn(3, 40, 7, generator=_g(4))
+    want = num.exact_matmul(a, b, engine="int64")
+    for engine in ("int8", "fp64"):
+        assert torch.equal(num.exact_matmul(a, b, engine=engine), want)
+    assert torch.equal(num.exact_matmul(a[1, 2], b[2], engine="int8"), want[1, 2])
+
+
+def _rounded(p: int, n: int, dtype: torch.dtype) -> float:
+    """p 2^n rounded to nearest even to dtype, in exact rationals (the subnormal ulp below the range)."""
+    bits, emin = gemm._FORMAT[dtype]
+    v = Fraction(p) * Fraction(2) ** n
+    if v == 0:
+        return 0.0
+    e = abs(v.numerator).bit_length() - v.denominator.bit_length()
+    while Fraction(2) ** e > abs(v):
+        e -= 1
+    while Fraction(2) ** (e + 1) <= abs(v):
+        e += 1
+    ulp = max(e, emin) - bits + 1
+    q = abs(v) / Fraction(2) ** ulp
+    whole, rest = divmod(q.numerator, q.denominator)
+    if 2 * rest > q.denominator or (2 * rest == q.denominator and whole % 2):
+        whole += 1
+    out = float(Fraction(whole) * Fraction(2) ** ulp) if ulp + bits < 1030 else float("inf")
+    return -out if v < 0 else out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_one_rounding_in_integers_is_round_to_nearest_even(dtype):
+    rng = random.Random(0)
+    ps, ns = [], []
+    for i in range(1500):
+        bits = rng.randint(0, 62)
+        p = rng.randint(-(2**bits), 2**bits)
+        if i % 5 == 0:  # an exact tie at the dtype's last place
+            p = (2 * rng.randint(1, 2**20) + 1) << rng.randint(0, 30)
+        ps.append(p)
+        ns.append(rng.randint(-230, 120) if i % 2 else rng.randint(-60, -20))
+    got = gemm.round_scaled(torch.tensor(ps), torch.tensor(ns), dtype)
+    want = torch.tensor([_rounded(p, n, dtype) for p, n in zip(ps, ns, strict=True)], dtype=torch.float64)
+    assert torch.equal(got, want.to(dtype))  # every value of `want` is exact in dtype (or inf)
+
+
+#: (what, M, K, N, a, b, the normal mode's comparator for that op): GLM-5's K
+_WIDTHS = [
+    ("a linear of the hidden size", 16, 6144, 384, 1.0, 0.02, "default"),
+    ("the dense MLP's down_proj", 8, 16384, 64, 0.1, 0.02, "default"),
+    ("an expert's down_proj (grouped_matmul)", 16, 2048, 256, 0.1, 0.02, "grouped"),
+    ("attention q . k (512 + 64)", 16, 576, 512, 0.1, 1.0, "attention"),
+    ("attention p . v (2048 selected keys)", 16, 2048, 128, None, 1.0, "attention"),
+    ("the indexer's q . k", 16, 128, 512, 1.0, 1.0, "indexer_logits"),
+]
+
+
+@pytest.mark.parametrize("what,m,k,n,sa,sb,comparator", _WIDTHS, ids=[w[0] for w in _WIDTHS])
+def test_the_error_at_glm5_widths_is_inside_the_normal_modes_tolerance(what, m, k, n, sa, sb, comparator):
+    g = _g(k + n)
+    a = (
+        torch.softmax(3 * torch.randn(m, k, generator=g), -1)
+        if sa is None
+        else sa * torch.randn(m, k, generator=g)
+    )
+    b = sb * torch.randn(k, n, generator=g)
+    exact = (a.double() @ b.double()).float()
+    got = num.exact_matmul(a, b)
+    check = COMPARATORS[comparator]("out", got, exact, Context(op=what, dtype="float32", args={}))
+    assert check.ok, check.message
+    # and no worse than an fp32 GEMM by more than the grid's own rounding
+    fp32 = (a @ b).double() - exact.double()
+    assert (got.double() - exact.double()).abs().max() <= 2 * fp32.abs().max() + 2.0**-20 * exact.abs().max()
+
+
+def test_a_bad_gemm_choice_is_one_line(monkeypatch):
+    monkeypatch.setenv(gemm.GEMM_ENV, "fp16")
+    with pytest.raises(
+        ValueError, match=r"^GLM5_INVARIANT_GEMM: expected one of int8, fp64, int64, got 'fp16'$"
+    ):
+        gemm._engine()
+    monkeypatch.setenv(gemm.GEMM_ENV, "int8")
+    assert gemm._engine() == "int8"
+
+
+def test_the_fp64_engines_rounding_to_odd_gives_the_integer_roundings_bits():
+    """The fp64 engine rounds (h b) 2^14 + l b to odd in fp64 and casts once; at ties, near-ties and
+    signed zeros that is `round_scaled` of the integer P."""
+    rng = random.Random(1)
+    ps = [rng.randint(-(2**62), 2**62) >> rng.randint(0, 60) for _ in range(3000)]
+    ps += [(2 * rng.randint(2**23, 2**24) + 1) << rng.randint(0, 36) for _ in range(1000)]  # exact ties
+    ps += [((2 * rng.randint(2**23, 2**24) + 1) << 30) + rng.choice([-1, 1]) for _ in range(1000)]
+    ps += [0, 1, -1, 2**62, -(2**62)]
+    p = torch.tensor(ps)
+    low = ((p + 8192) & 16383) - 8192
+    ph, pl = ((p - low) >> 14).double(), low.double()  # both exact
+    n_row = torch.randint(-200, 20, (p.shape[0],), generator=_g(5))  # subnormal and zero results too
+    got = gemm._round_odd_fp32(ph[:, None], pl[:, None], n_row, torch.zeros(1, dtype=torch.int64))[:, 0]
+    want = gemm.round_scaled(p, n_row, torch.float32)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    zero = torch.tensor([[-0.0]], dtype=torch.float64)  # an fp64 GEMM's sum of -0 products
+    assert (
+        gemm._round_odd_fp32(zero, zero, torch.zeros(1, dtype=torch.int64), n_row[:1]).view(torch.int32) == 0
+    )
