@@ -112,8 +112,14 @@ def _plan(model: torch.nn.Module) -> dict:
 def _global(t: torch.Tensor, info, mesh: DeviceMesh | None) -> torch.Tensor:
     """A tensor-parallel slice as a DTensor on `mesh` (sharing its storage), so DCP stores it at its
     offset in the full tensor; on a 2-D mesh's (tp|ep, dp) view, FSDP2's dim-0 shard of such a slice
-    (a DTensor over the dp ranks) placed at the plan's offset plus FSDP's; anything else as is."""
-    if info is None or mesh is None or tuple(t.shape) == tuple(info.full_shape):
+    (a DTensor over the dp ranks) placed at the plan's offset plus FSDP's; anything else as is (an
+    optimizer's 0-d `step` of a split parameter too: the same on every rank, not a slice)."""
+    if (
+        info is None
+        or mesh is None
+        or t.dim() != len(info.full_shape)
+        or tuple(t.shape) == tuple(info.full_shape)
+    ):
         return t
     if isinstance(t, DTensor):
         if mesh.ndim != 2:
