@@ -125,8 +125,9 @@ def data_parallel(spec: dict) -> dict:
     merged = {key: max(o[key] for o in outs) for key in ("start_s", "generate_s")}
     for key in ("tokens", "prompt_logprobs"):
         merged[key] = [outs[i % n][key][i // n] for i in range(len(spec["prompts"]))]
-    for key in ("bytes", "cache_bytes", "stats"):
-        merged[key] = [o[key] for o in outs]
+    for key in ("bytes", "cache_bytes"):  # one entry per worker
+        merged[key] = [w for o in outs for w in o[key]]
+    merged["stats"] = [o["stats"] for o in outs]  # one per engine
     return merged
 
 
