@@ -75,11 +75,18 @@ class VllmGroup:
 
 class Groups(NamedTuple):
     """The plan's groups from vLLM's parallel config: `tp` and `ep` (None when not split) and how the expert
-    group's ranks hold tokens (ExpertParallel's `ep_tokens`)."""
+    group's ranks hold tokens (ExpertParallel's `ep_tokens`); with replicated tokens, `ep_masked_tokens`:
+    each rank's chunk of the largest decode step, below which the experts take the masked dispatch (no host
+    read, fixed shapes; SPEC 11.1)."""
 
     tp: Group | None
     ep: Group | None
     ep_tokens: str = "replicated"
+    ep_masked_tokens: int | None = None
+
+    def plan_args(self) -> dict:
+        """The expert arguments of glm5.parallel.plan.apply."""
+        return {"ep_tokens": self.ep_tokens, "ep_masked_tokens": self.ep_masked_tokens}
 
 
 def check_layout(parallel_config) -> None:
@@ -96,11 +103,19 @@ def check_layout(parallel_config) -> None:
         )
 
 
-def groups(parallel_config) -> Groups:
+def decode_tokens(vllm_config) -> int:
+    """The most tokens a decode step carries: max_num_seqs sequences, each with its speculative drafts."""
+    spec = vllm_config.speculative_config
+    drafts = getattr(spec, "num_speculative_tokens", None) or 0 if spec is not None else 0
+    return vllm_config.scheduler_config.max_num_seqs * (1 + drafts)
+
+
+def groups(parallel_config, decode_step_tokens: int | None = None) -> Groups:
     """The plan's groups from vLLM's parallel config: (None, None) when nothing is split. Expert parallel at
     data_parallel_size 1 splits the experts over the tensor-parallel group (every rank holding the same
     tokens: ep_tokens "replicated"); at data_parallel_size N (tensor_parallel_size 1) over vLLM's expert
-    group, the N data-parallel ranks, each dispatching its own tokens (ep_tokens "local")."""
+    group, the N data-parallel ranks, each dispatching its own tokens (ep_tokens "local"). With replicated
+    tokens and `decode_step_tokens`, steps up to that many tokens take the masked dispatch."""
     from vllm.distributed.parallel_state import get_ep_group, get_tp_group
 
     check_layout(parallel_config)
@@ -119,4 +134,5 @@ def groups(parallel_config) -> Groups:
             f"enable_expert_parallel: vLLM's expert group has {ep_group.size} ranks, the tensor-parallel "
             f"group {tp.size}; at data_parallel_size 1 they must be the same ranks"
         )
-    return Groups(tp, ep_group)
+    masked = None if decode_step_tokens is None else -(-decode_step_tokens // ep_group.size)
+    return Groups(tp, ep_group, "replicated", masked)
