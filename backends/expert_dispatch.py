@@ -169,5 +169,7 @@ def combine(ys: torch.Tensor, weights: torch.Tensor, h: Handle, group) -> torch.
         cap_split = [ys.shape[0] // n] * n
         back = exchange(back_local, group, cap_split, cap_split)  # [E*C, D]
         per_sorted = torch.cat([back, back.new_zeros(1, back.shape[1])])[h.slot]  # dropped: zero
-    per_slot = per_sorted.float()[lay.inverse].view(lay.tokens, lay.top_k, -1)  # [T, k, D]
+    per_slot = per_sorted.float()[lay.inverse].view(
+        lay.tokens, lay.top_k, ys.shape[-1]
+    )  # [T, k, D]; T may be 0
     return (per_slot * weights.float()[..., None]).sum(dim=1)

@@ -248,6 +248,11 @@ class ExpertParallel(nn.Module):
     rank's own tokens. `ep_capacity`: None, the contiguous mode (one host read of the split sizes per
     layer); an int C, the masked mode (C rows per expert and source rank, fixed shapes, no host read;
     slots past C are dropped and added to `ep_dropped`, an int64 counter on the experts' device).
+    `ep_masked_tokens`: an int N (with replicated tokens and no `ep_capacity`), steps whose per-rank chunk
+    holds at most N tokens take the masked mode with capacity N, where no slot can be dropped (a token
+    routes to an expert at most once), and larger steps the contiguous mode: decode steps read nothing
+    back and keep fixed shapes, prefill sends only the routed rows. Every rank makes the same choice
+    because every rank holds the same tokens; with local tokens the counts differ, so it does not apply.
     """
 
     ep_group: Group
@@ -255,6 +260,7 @@ class ExpertParallel(nn.Module):
     ep_local: int
     ep_tokens: str = "replicated"
     ep_capacity: int | None = None
+    ep_masked_tokens: int | None = None
     ep_dropped: torch.Tensor
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
@@ -274,9 +280,12 @@ class ExpertParallel(nn.Module):
         # a host with fused kernels (DeepEP, MC2) offers the same three steps on its group
         steps = getattr(g, "expert_steps", None) or expert_dispatch
         lay = steps.layout(ids, self.ep_local * g.size)
-        got, d, h = steps.dispatch(x, lay, g, self.ep_capacity)
+        capacity = self.ep_capacity
+        if capacity is None and self.ep_tokens == "replicated" and self.ep_masked_tokens is not None:
+            capacity = self.ep_masked_tokens if x.shape[0] <= self.ep_masked_tokens else None
+        got, d, h = steps.dispatch(x, lay, g, capacity)
         y = steps.combine(self.rows(got, d, be), w, h, g)
-        if self.ep_capacity is not None:
+        if capacity is not None:
             self.ep_dropped = self.ep_dropped.to(h.dropped.device) + h.dropped
         return y
 
@@ -284,7 +293,9 @@ class ExpertParallel(nn.Module):
 _EP_CLASSES: dict[type, type] = {}
 
 
-def _expert_parallel(experts: nn.Module, group: Group, tokens: str, capacity: int | None) -> None:
+def _expert_parallel(
+    experts: nn.Module, group: Group, tokens: str, capacity: int | None, masked_tokens: int | None
+) -> None:
     """Keep this rank's whole experts of every stacked tensor (dim 0 = the expert) and compute through
     ExpertParallel.forward."""
     if not hasattr(experts, "rows"):
@@ -306,7 +317,7 @@ def _expert_parallel(experts: nn.Module, group: Group, tokens: str, capacity: in
         group.rank * (n // group.size),
         n // group.size,
     )
-    experts.ep_tokens, experts.ep_capacity = tokens, capacity
+    experts.ep_tokens, experts.ep_capacity, experts.ep_masked_tokens = tokens, capacity, masked_tokens
     experts.ep_dropped = torch.zeros((), dtype=torch.int64)
     if hasattr(experts, "n_experts"):
         experts.n_experts = n // group.size
@@ -383,12 +394,14 @@ def apply(
     ep: Group | None = None,
     ep_tokens: str = "replicated",
     ep_capacity: int | None = None,
+    ep_masked_tokens: int | None = None,
 ) -> dict[str, ShardInfo]:
     """Split a GLM5ForCausalLM in place over `tp` (experts over `ep` when given: whole experts per rank,
     the attention still over `tp`) and return the ShardInfo of every split parameter by name.
     `ep_tokens` / `ep_capacity`: how the expert group's ranks hold tokens and which dispatch mode runs
     (ExpertParallel): "replicated" when they hold the same tokens (ep = tp, or copies), "local" when
-    each holds its own (experts across data-parallel ranks).
+    each holds its own (experts across data-parallel ranks); `ep_masked_tokens`: the masked mode for steps
+    of at most that many tokens per rank, the contiguous mode above (a serving engine's decode bound).
 
     Call it once, on the full model (random or loaded: each rank keeps its slice and frees the rest) or
     on the meta device before a loader fills the local slices (`local_slice`). Tied embeddings stay tied.
@@ -398,8 +411,9 @@ def apply(
     check(model.config, tp.size, 1 if ep is None else ep.size)
     if ep_tokens not in ("replicated", "local"):
         raise PlanError(f"ep_tokens: expected 'replicated' or 'local', got {ep_tokens!r}")
-    if ep_capacity is not None and ep_capacity < 1:
-        raise PlanError(f"ep_capacity: expected an integer >= 1 or None, got {ep_capacity!r}")
+    for arg, value in (("ep_capacity", ep_capacity), ("ep_masked_tokens", ep_masked_tokens)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise PlanError(f"{arg}: expected an integer >= 1 or None, got {value!r}")
     for name, module in list(model.named_modules()):
         style = style_of(name)
         if style is None or tp.size == 1 and style != "experts":
@@ -410,7 +424,7 @@ def apply(
             _mlp(module, tp)
         elif style == "experts":
             if ep is not None and ep.size > 1:
-                _expert_parallel(module, ep, ep_tokens, ep_capacity)
+                _expert_parallel(module, ep, ep_tokens, ep_capacity, ep_masked_tokens)
             elif tp.size > 1:
                 _experts_tp(module, tp)
         elif style == "vocab-embedding":

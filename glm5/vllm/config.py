@@ -3,6 +3,8 @@ it touches no other model, `GlmMoeDsaForCausalLM` included)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 from vllm.platforms import current_platform
@@ -10,8 +12,13 @@ from vllm.platforms import current_platform
 from backends import BackendUnavailable
 from backends.cache_layout import MLACacheLayout
 from backends.registry import loaded
+from glm5.core.checkpoint import read_config
+from glm5.core.config import GLM5Config
+from glm5.parallel.plan import PlanError
+from glm5.parallel.plan import check as check_plan
 from glm5.vllm.fp8_cache import FLOAT_CACHE_DTYPES, check_cache_dtype
 from glm5.vllm.mtp import use_project_mtp
+from glm5.vllm.parallel import check_layout
 
 
 class Glm5BackendsConfig(VerifyAndUpdateConfig):
@@ -29,6 +36,25 @@ class Glm5BackendsConfig(VerifyAndUpdateConfig):
         check_cache_dtype(vllm_config.cache_config.cache_dtype, vllm_config.model_config.hf_config)
         use_backend_block_size(vllm_config)
         use_project_mtp(vllm_config)  # speculative method 'mtp': the project's MTP layer drafts
+        check_parallel_layout(vllm_config)
+
+
+def check_parallel_layout(vllm_config) -> None:
+    """Refuse, from the config alone and before any rank starts, a layout the plugin does not serve
+    (glm5/vllm/parallel.py `check_layout`) or one the plan cannot split (a count the ranks do not divide,
+    e.g. experts over the expert group's data x tensor-parallel ranks): a ValueError naming the argument."""
+    pc, mc = vllm_config.parallel_config, vllm_config.model_config
+    check_layout(pc)
+    path = Path(mc.model)
+    if not (path / "config.json").is_file():
+        return  # the model refuses it when built, naming `model`
+    tp = pc.tensor_parallel_size
+    ep = tp * pc.data_parallel_size if pc.enable_expert_parallel else 1
+    try:
+        check_plan(GLM5Config.from_dict(read_config(path)), tp, ep)
+    except PlanError as e:
+        arg = "enable_expert_parallel" if ep > 1 else "tensor_parallel_size"
+        raise ValueError(f"{arg}: tensor_parallel_size {tp}, expert group of {ep} ranks: {e}") from None
 
 
 def _backend_cache_layout() -> tuple[str, MLACacheLayout] | None:

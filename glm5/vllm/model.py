@@ -37,7 +37,7 @@ from glm5.train.rollout import logprobs
 from glm5.vllm import weights as weights_module
 from glm5.vllm.cache import Glm5CacheLayer, Glm5StepMetadata
 from glm5.vllm.fp8_cache import CacheFormats, FP8CacheOps, FP8PagedCaches
-from glm5.vllm.parallel import groups
+from glm5.vllm.parallel import decode_tokens, groups
 
 LOGPROB_TEMPERATURE = "GLM5_LOGPROB_TEMPERATURE"
 #: preferred built-in backends per device type, best first (GLM5_BACKEND overrides)
@@ -96,7 +96,8 @@ class Glm5BackendsForCausalLM(nn.Module):
         #: (glm5/vllm/weights.py); a quantized one's modules are built from its quantization config first
         #: (quant.load.skeleton: compressed-tensors, msModelSlim, GLM-5-FP8), then split the same way
         self.quantized = is_quantized(self.path)
-        tp, ep = groups(vllm_config.parallel_config)
+        plan_groups = groups(vllm_config.parallel_config, decode_tokens(vllm_config))
+        tp, ep = plan_groups.tp, plan_groups.ep
         if tp is not None:  # refused here, before any load, if the plan cannot split it
             check_plan(self.config, tp.size, 1 if ep is None else ep.size)
         if self.quantized:
@@ -109,7 +110,7 @@ class Glm5BackendsForCausalLM(nn.Module):
             with torch.device("meta"):  # shapes only
                 self.glm = GLM5ForCausalLM(self.config, backend=self.backend, dtype=self.dtype)
         self.tp, self.ep = tp, ep
-        self.names = weights_module.split_skeleton(self.glm, tp, ep)  # local slices, for any load format
+        self.names = weights_module.split_skeleton(self.glm, plan_groups)  # local slices, any format
         #: GLM5_VALIDATE=topk (or values / reference): the ranks' top-k compared once per step
         self.agreement = agreement.TopkAgreement(tp) if tp is not None and agreement.enabled() else None
         c, cc = self.config, vllm_config.cache_config
@@ -154,9 +155,13 @@ class Glm5BackendsForCausalLM(nn.Module):
             raise ValueError("input_ids: Glm5BackendsForCausalLM takes token ids, not inputs_embeds")
         meta = get_forward_context().attn_metadata
         md = meta.get(self.first_cache) if isinstance(meta, dict) else None
-        if md is None:  # vLLM's profiling run, before any cache exists: one request, no cache
+        if md is None:  # vLLM's profiling run or a data-parallel dummy batch: one request, no cache
             self.counts["uncached_forwards"] += 1
-            return self.glm.model(input_ids, self.glm.begin_step([input_ids.shape[0]], None))[0]
+            # vLLM runs these under inference_mode, whose tensors have no version counter; SeqLayout
+            # tracks its tensors' versions (its host copies), so the layout is built as normal tensors
+            with torch.inference_mode(False):
+                step = self.glm.begin_step([input_ids.shape[0]], None)
+            return self.glm.model(input_ids, step)[0]
         if any(meta.get(p) is not md for p in self.other_caches):
             raise RuntimeError(
                 "vLLM gave GLM-5's cache layers different metadata in one step; the latent and indexer "

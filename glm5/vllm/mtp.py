@@ -41,7 +41,7 @@ from glm5.vllm import weights as weights_module
 from glm5.vllm.cache import Glm5CacheLayer
 from glm5.vllm.fp8_cache import CacheFormats, FP8CacheOps, FP8PagedCaches
 from glm5.vllm.names import MTP_ARCHITECTURE
-from glm5.vllm.parallel import groups
+from glm5.vllm.parallel import decode_tokens, groups
 
 #: the drafts vLLM would pick for a glm_moe_dsa checkpoint (SpeculativeConfig.hf_config_override)
 VLLM_MTP_ARCHITECTURES = ("DeepseekV32MTPModel", "DeepSeekMTPModel")
@@ -79,7 +79,8 @@ class Glm5BackendsMTP(nn.Module):
                 "speculative_config: method 'mtp' needs an MTP layer, the checkpoint has "
                 "num_nextn_predict_layers 0"
             )
-        self.tp, self.ep = groups(vllm_config.parallel_config)  # the target's groups: the same plan
+        self.groups = groups(vllm_config.parallel_config, decode_tokens(vllm_config))  # the target's plan
+        self.tp, self.ep = self.groups.tp, self.groups.ep
         if self.tp is not None:
             check_plan(c, self.tp.size, 1 if self.ep is None else self.ep.size)
         #: vLLM's iterator, each rank its slice (quantized: the MTP layers' modules from the quantization
@@ -89,7 +90,7 @@ class Glm5BackendsMTP(nn.Module):
             from quant.load import skeleton
 
             glm = _mtp_only(skeleton(self.path, backend=self.backend, dtype=self.dtype))
-            self.names = weights_module.split_skeleton(glm, self.tp, self.ep)  # the MTP layers' names
+            self.names = weights_module.split_skeleton(glm, self.groups)  # MTP layers
             self._set_model(glm)
         else:
             with torch.device("meta"):
@@ -114,7 +115,7 @@ class Glm5BackendsMTP(nn.Module):
         """The plan applied to the whole model (so parameter names and slices are the target's), then
         everything but the MTP layers dropped."""
         if self.tp is not None:
-            apply(glm, tp=self.tp, ep=self.ep)
+            apply(glm, tp=self.tp, ep=self.ep, **self.groups.plan_args())
         return _mtp_only(glm)
 
     def _set_model(self, glm: GLM5ForCausalLM) -> None:

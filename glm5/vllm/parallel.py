@@ -11,6 +11,8 @@ coordinator has no variable-split all-to-all (its all2all managers are tied to i
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 
@@ -71,24 +73,66 @@ class VllmGroup:
         return out
 
 
-def groups(parallel_config) -> tuple[Group | None, Group | None]:
-    """(tp, ep) for the plan from vLLM's parallel config: (None, None) when nothing is split. Expert
-    parallel needs every rank of the expert group to hold the same tokens (the plan's experts see the
-    replicated hidden states), so it is served when that group is the tensor-parallel group."""
+class Groups(NamedTuple):
+    """The plan's groups from vLLM's parallel config: `tp` and `ep` (None when not split) and how the expert
+    group's ranks hold tokens (ExpertParallel's `ep_tokens`); with replicated tokens, `ep_masked_tokens`:
+    each rank's chunk of the largest decode step, below which the experts take the masked dispatch (no host
+    read, fixed shapes; SPEC 11.1)."""
+
+    tp: Group | None
+    ep: Group | None
+    ep_tokens: str = "replicated"
+    ep_masked_tokens: int | None = None
+
+    def plan_args(self) -> dict:
+        """The expert arguments of glm5.parallel.plan.apply."""
+        return {"ep_tokens": self.ep_tokens, "ep_masked_tokens": self.ep_masked_tokens}
+
+
+def check_layout(parallel_config) -> None:
+    """ValueError naming the argument for a layout the plugin does not serve, from the config alone (the
+    config hook calls it, before any rank starts). Data-parallel attention with expert parallel is served
+    with tensor_parallel_size 1: each data-parallel rank holds its own requests (attention and both caches)
+    and dispatches its tokens' routed rows over vLLM's expert group (the data-parallel ranks)."""
+    pc = parallel_config
+    if pc.data_parallel_size > 1 and pc.enable_expert_parallel and pc.tensor_parallel_size > 1:
+        raise ValueError(
+            f"data_parallel_size: Glm5BackendsForCausalLM serves data-parallel attention with expert "
+            f"parallel at tensor_parallel_size 1 (each rank's own tokens dispatched to the experts), got "
+            f"data_parallel_size {pc.data_parallel_size} with tensor_parallel_size {pc.tensor_parallel_size}"
+        )
+
+
+def decode_tokens(vllm_config) -> int:
+    """The most tokens a decode step carries: max_num_seqs sequences, each with its speculative drafts."""
+    spec = vllm_config.speculative_config
+    drafts = getattr(spec, "num_speculative_tokens", None) or 0 if spec is not None else 0
+    return vllm_config.scheduler_config.max_num_seqs * (1 + drafts)
+
+
+def groups(parallel_config, decode_step_tokens: int | None = None) -> Groups:
+    """The plan's groups from vLLM's parallel config: (None, None) when nothing is split. Expert parallel at
+    data_parallel_size 1 splits the experts over the tensor-parallel group (every rank holding the same
+    tokens: ep_tokens "replicated"); at data_parallel_size N (tensor_parallel_size 1) over vLLM's expert
+    group, the N data-parallel ranks, each dispatching its own tokens (ep_tokens "local"). With replicated
+    tokens and `decode_step_tokens`, steps up to that many tokens take the masked dispatch."""
     from vllm.distributed.parallel_state import get_ep_group, get_tp_group
 
+    check_layout(parallel_config)
     tp_size = parallel_config.tensor_parallel_size
     ep = parallel_config.enable_expert_parallel
     if tp_size == 1 and not ep:
-        return None, None
+        return Groups(None, None)
     tp = VllmGroup(get_tp_group())
     if not ep:
-        return tp, None
+        return Groups(tp, None)
     ep_group = VllmGroup(get_ep_group())
+    if parallel_config.data_parallel_size > 1:
+        return Groups(tp, ep_group, "local")
     if ep_group.size != tp.size:
         raise ValueError(
-            f"enable_expert_parallel: Glm5BackendsForCausalLM splits experts over the tensor-parallel group "
-            f"(every rank holding the same tokens); vLLM's expert group has {ep_group.size} ranks, the "
-            f"tensor-parallel group {tp.size} (use data_parallel_size 1 with expert parallel)"
+            f"enable_expert_parallel: vLLM's expert group has {ep_group.size} ranks, the tensor-parallel "
+            f"group {tp.size}; at data_parallel_size 1 they must be the same ranks"
         )
-    return tp, ep_group
+    masked = None if decode_step_tokens is None else -(-decode_step_tokens // ep_group.size)
+    return Groups(tp, ep_group, "replicated", masked)

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from glm5.core.checkpoint import FLOAT_DTYPES, CheckpointError, _shared_copies, hf_names
-from glm5.parallel.group import Group
 from glm5.parallel.plan import ShardInfo, apply, local_slice
 from glm5.vllm import quant_weights
+from glm5.vllm.parallel import Groups
 
 
 class CheckpointNames:
@@ -46,13 +46,13 @@ class CheckpointNames:
         self.needed = Counter(sd for sd, _ in self.params.values())
 
 
-def split_skeleton(glm: nn.Module, tp: Group | None, ep: Group | None) -> CheckpointNames:
-    """Split the meta-device model `glm` (float, or a quantized `quant.load.skeleton`) by the plan, then
-    allocate only its local slices, for any load format -> the checkpoint names it loads (read before the
-    split: full shapes)."""
+def split_skeleton(glm: nn.Module, groups: Groups) -> CheckpointNames:
+    """Split the meta-device model `glm` (float, or a quantized `quant.load.skeleton`) by the plan over
+    `groups` (glm5/vllm/parallel.py), then allocate only its local slices, for any load format -> the
+    checkpoint names it loads (read before the split: full shapes)."""
     names = CheckpointNames(glm)
-    if tp is not None:
-        apply(glm, tp=tp, ep=ep)
+    if groups.tp is not None:
+        apply(glm, tp=groups.tp, ep=groups.ep, **groups.plan_args())
     glm.to_empty(device=torch.get_default_device())
     if glm.config.tie_word_embeddings and hasattr(glm, "lm_head"):  # an MTP draft has none (the target's)
         glm.lm_head.weight = glm.model.embed_tokens.weight

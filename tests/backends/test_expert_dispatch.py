@@ -76,6 +76,19 @@ def _mode(group, rank: int, world: int, capacity, skew: bool) -> dict:
     }
 
 
+def test_a_rank_with_no_tokens_combines_to_an_empty_output():
+    """A rank can hold no tokens (expert parallel's 1/N chunk of a one-token decode step): it still joins the
+    exchanges and gets back [0, N]."""
+    from glm5.parallel.group import Single
+
+    x, ids, w = _inputs(0, 0)
+    for capacity in (None, ROOM):
+        lay = expert_dispatch.layout(ids, E)
+        got, d, h = expert_dispatch.dispatch(x, lay, Single(), capacity)
+        y = expert_dispatch.combine(grouped_matmul(got[d.token], _weights(), d.offsets), w, h, Single())
+        assert y.shape == (0, N), capacity
+
+
 def _check(results):
     weight = _weights().requires_grad_()
     per_rank = []

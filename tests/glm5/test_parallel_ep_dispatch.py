@@ -105,7 +105,7 @@ class _Steps:
     def __init__(self) -> None:
         from backends import expert_dispatch
 
-        self.ref, self.calls = expert_dispatch, []
+        self.ref, self.calls, self.capacities = expert_dispatch, [], []
 
     def layout(self, ids, n_experts):
         self.calls.append("layout")
@@ -113,6 +113,7 @@ class _Steps:
 
     def dispatch(self, x, lay, group, capacity=None):
         self.calls.append("dispatch")
+        self.capacities.append(capacity)
         return self.ref.dispatch(x, lay, group, capacity)
 
     def combine(self, ys, weights, h, group):
@@ -130,9 +131,33 @@ def test_a_group_with_its_own_expert_steps_runs_them():
     group = Alone()
     group.expert_steps = _Steps()
     model = _model()
-    plan._expert_parallel(model.model.layers[1].mlp.experts, group, "local", None)
+    plan._expert_parallel(model.model.layers[1].mlp.experts, group, "local", None, None)
     with torch.no_grad():
         got = model(_ids(0)).logits
         want = _model()(_ids(0)).logits
     assert group.expert_steps.calls == ["layout", "dispatch", "combine"]
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("masked_tokens, capacity", [(48, 48), (47, None)])
+def test_steps_up_to_the_decode_bound_take_the_masked_dispatch(masked_tokens, capacity):
+    # replicated tokens (a serving engine's TP = EP): a step of at most `ep_masked_tokens` per rank is
+    # dispatched masked with that capacity (nothing can overflow, nothing read back), a larger one contiguous
+    class Alone:
+        rank, size = 0, 1
+
+        def all_to_all(self, x, send, recv):
+            return x
+
+        def all_gather(self, x, dim):
+            return x
+
+    group = Alone()
+    group.expert_steps = _Steps()
+    model = _model()
+    plan._expert_parallel(model.model.layers[1].mlp.experts, group, "replicated", None, masked_tokens)
+    with torch.no_grad():
+        got = model(_ids(0)).logits  # 2 x 24 = 48 tokens
+        want = _model()(_ids(0)).logits
+    assert group.expert_steps.capacities == [capacity]
     assert torch.equal(got, want)

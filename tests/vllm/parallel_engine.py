@@ -3,16 +3,25 @@
 
     python tests/vllm/parallel_engine.py '{"model": DIR, "prompts": [[1, 2], ...], "tensor_parallel_size": 2}'
 
+"data_parallel_size": N runs N engines, one process each, as vLLM's offline data-parallel example does
+(vLLM refuses `LLM(data_parallel_size=N)` in one process): the environment names each its data-parallel
+rank (VLLM_DP_RANK, VLLM_DP_SIZE, VLLM_DP_MASTER_IP / PORT), rank r gets prompts r, r + N, ..., and the
+results come back merged in prompt order, the per-worker lists in data-parallel rank order.
+
 In order, per spec key: greedy tokens and prompt log-probs of `prompts`; every worker's parameter bytes
-(all, and those of the plan's split parameters, full and local); "update_from": a second float checkpoint's
-tensors pushed in place (`update_weights`), then the prompts again ("updated_tokens"); "perturb_layer":
-rank 1's indexer of that layer fed a perturbed input, then the prompts again, the error kept ("perturbed").
+(all, and those of the plan's split parameters, full and local) and the bytes of its latent and indexer
+caches that hold rows (a non-zero value: vLLM allocates the caches zeroed); "update_from": a second float
+checkpoint's tensors pushed in place (`update_weights`), then the prompts again ("updated_tokens");
+"perturb_layer": rank 1's indexer of that layer fed a perturbed input, then the prompts again, the error
+kept ("perturbed").
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import sys
 import time
 from functools import partial
@@ -35,6 +44,23 @@ def _bytes(m) -> dict:
         "split_local": sum(p.numel() * p.element_size() for p in split),
         "split_full": full,
     }
+
+
+def _cache_bytes(m) -> dict:
+    """Bytes of this worker's latent and indexer caches in rows that hold a token (zero: never written)."""
+    from vllm.distributed.parallel_state import get_dp_group
+
+    def held(layers) -> tuple[int, int]:
+        rows = nbytes = 0
+        for layer in layers:
+            c = layer.kv_cache  # [num_blocks, block_size, width]: the one-tensor layout of the reference
+            n = int((c.reshape(-1, c.shape[-1]) != 0).any(dim=1).sum())
+            rows, nbytes = rows + n, nbytes + n * c.shape[-1] * c.element_size()
+        return rows, nbytes
+
+    (latent_rows, latent), (_, indexer) = held(m.latent_caches), held(m.index_caches)
+    dp = get_dp_group().rank_in_group
+    return {"dp_rank": dp, "latent_rows": latent_rows, "latent": latent, "indexer": indexer}
 
 
 def _numel(shape) -> int:
@@ -66,8 +92,50 @@ def _update(pairs, m) -> int:
     return len(m.update_weights(pairs))
 
 
+def data_parallel(spec: dict) -> dict:
+    """N engine processes, one per data-parallel rank, their results merged."""
+    n = spec["data_parallel_size"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(n):
+        env = dict(
+            os.environ,
+            VLLM_DP_RANK=str(r),
+            VLLM_DP_RANK_LOCAL=str(r),
+            VLLM_DP_SIZE=str(n),
+            VLLM_DP_MASTER_IP="127.0.0.1",
+            VLLM_DP_MASTER_PORT=str(port),
+        )
+        mine = {**spec, "prompts": spec["prompts"][r::n], "data_parallel_size": 1}
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, json.dumps(mine)], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
+    outs = []
+    for r, p in enumerate(procs):
+        stdout, _ = p.communicate()
+        lines = [ln for ln in stdout.splitlines() if ln.startswith("GLM5-RESULT ")]
+        sys.stderr.write("".join(f"[dp {r}] {ln}\n" for ln in stdout.splitlines() if ln not in lines))
+        if p.returncode or not lines:
+            raise RuntimeError(f"data-parallel rank {r} failed (exit {p.returncode})")
+        outs.append(json.loads(lines[-1].removeprefix("GLM5-RESULT ")))
+    merged = {key: max(o[key] for o in outs) for key in ("start_s", "generate_s")}
+    for key in ("tokens", "prompt_logprobs"):
+        merged[key] = [outs[i % n][key][i // n] for i in range(len(spec["prompts"]))]
+    for key in ("bytes", "cache_bytes"):  # one entry per worker
+        merged[key] = [w for o in outs for w in o[key]]
+    merged["stats"] = [o["stats"] for o in outs]  # one per engine
+    return merged
+
+
 def main(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
+
+    if spec.get("data_parallel_size", 1) > 1:
+        return data_parallel(spec)
 
     t0 = time.perf_counter()
     llm = LLM(
@@ -107,6 +175,7 @@ def main(spec: dict) -> dict:
     out["tokens"], out["prompt_logprobs"] = run()
     out["generate_s"] = time.perf_counter() - t0
     out["bytes"] = llm.apply_model(_bytes)
+    out["cache_bytes"] = llm.apply_model(_cache_bytes)
     out["stats"] = llm.apply_model(_stats)[0]
     if spec.get("update_from"):
         from safetensors.torch import load_file

@@ -24,6 +24,7 @@ from glm5.core.config import GLM5Config
 from glm5.loader import load_model
 from glm5.parallel import plan
 from glm5.vllm import weights
+from glm5.vllm.parallel import Groups
 from quant.load import export, skeleton
 from quant.quantize import quantize_model
 from quant.recipe import Recipe
@@ -99,7 +100,7 @@ def _plugin_load(path: Path, rank: int, ep: bool, monkeypatch) -> tuple[torch.nn
         m.setattr("quant.load.load_quantized", whole)
         tp, ep_group = _Rank(rank), _Rank(rank) if ep else None
         glm = skeleton(path, backend="reference")
-        names = weights.split_skeleton(glm, tp, ep_group)
+        names = weights.split_skeleton(glm, Groups(tp, ep_group))
         # what Glm5BackendsForCausalLM.__init__ left for vLLM's loader to call load_weights on
         plugin = SimpleNamespace(glm=glm, names=names, quantized=True, path=path, tp=tp, ep=ep_group)
         plugin.backend, plugin.dtype = glm.backend, None
@@ -197,7 +198,7 @@ def test_a_misshapen_or_missing_quantized_tensor_is_named(tiny_checkpoint, tmp_p
 
     def load(items):
         glm = skeleton(path, backend="reference")
-        return weights.load(glm, weights.split_skeleton(glm, _Rank(0), None), items)
+        return weights.load(glm, weights.split_skeleton(glm, Groups(_Rank(0), None)), items)
 
     bad = [(n, t[:1] if n == name else t) for n, t in pairs]  # a [1, 1] scale would broadcast if copied
     with pytest.raises(CheckpointError, match=re.escape(name)):
@@ -228,7 +229,7 @@ def test_the_mtp_draft_reads_only_its_layers_shard(tiny_checkpoint, tmp_path, mo
                 TensorFiles, "get", lambda *a, **k: pytest.fail("the whole-checkpoint reader was called")
             )
             glm = _mtp_only(skeleton(path, backend="reference"))
-            names = weights.split_skeleton(glm, _Rank(rank), None)
+            names = weights.split_skeleton(glm, Groups(_Rank(rank), None))
             draft = SimpleNamespace(glm=glm, names=names, quantized=True, path=path, tp=_Rank(rank), ep=None)
             draft.backend, draft.dtype = glm.backend, None
             reads = _Reads()

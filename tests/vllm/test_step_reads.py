@@ -32,7 +32,8 @@ def _step_reads(split: bool) -> list[str]:
     model = GLM5ForCausalLM(cfg, NoReadBackend()).eval()
     if split:
         group = TorchGroup()
-        plan.apply(model, tp=group, ep=group)
+        # the plugin's plan at TP = EP: a step of at most 8 tokens per rank takes the masked dispatch
+        plan.apply(model, tp=group, ep=group, ep_masked_tokens=8)
     md = _vllm_step_metadata()
     n, blocks = md.num_tokens, 6
     layers = range(cfg.num_hidden_layers)

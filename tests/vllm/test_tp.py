@@ -5,14 +5,18 @@ TP=2 (GLM5_VALIDATE=topk on): greedy tokens equal TP=1 and `glm5 generate` per p
 40 and 23 tokens, index_topk 16, the tiny F F S F pattern, chunked prefill: 16 tokens per step); prompt
 log-probs within LOGPROB_TOL of TP=1; each rank holds half of every split parameter; an in-place update
 from another checkpoint's tensors serves that checkpoint's tokens; rank 1's indexer fed a perturbed input
-trips the top-k agreement check naming the layer and step. EP=2 (experts whole per rank): tokens equal
-TP=1. A dummy load (load_format dummy) serves.
+trips the top-k agreement check naming the layer and step; the latent and indexer caches whole on each
+rank. EP=2 (experts whole per rank): tokens equal TP=1. DP=2 with expert parallel (data-parallel attention:
+two engines, each its own requests, experts dispatched across them): tokens equal TP=1, each rank's caches
+hold only its requests' rows (about half of a TP=2 rank's), each rank half the experts. A dummy load
+(load_format dummy) serves. Layouts the plugin does not serve are refused from the config in one line.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -83,6 +87,11 @@ def test_tp2_equals_tp1_splits_updates_and_checks_topk(
     for rank in r["bytes"]:  # half of every split parameter per rank; the replicated ones whole
         assert rank["split_local"] * 2 == rank["split_full"] > 0, rank
         assert rank["all"] == whole - rank["split_full"] // 2, (rank, whole)
+    for rank in r["cache_bytes"]:  # the latent and indexer caches are not split by tensor parallel
+        assert (rank["latent"], rank["indexer"]) == (
+            tp1["cache_bytes"][0]["latent"],
+            tp1["cache_bytes"][0]["indexer"],
+        )
     # in place, without a reload: the other checkpoint's tokens
     assert r["updated_tokens"] == expected_tokens(other_checkpoint, BACKEND, prompts)
     assert r["updated_tokens"] != r["tokens"]
@@ -112,6 +121,61 @@ def test_ep2_tokens_equal_tp1(tiny_checkpoint, prompts, tp1, scratch):
     assert r["tokens"] == tp1["tokens"]
     for rank in r["bytes"]:
         assert rank["split_local"] * 2 == rank["split_full"], rank
+
+
+def _cached_rows(prompts: list[list[int]]) -> int:
+    """Cache rows a request leaves per layer: its prompt and every generated token but the last."""
+    return sum(len(p) + MAX_TOKENS - 1 for p in prompts)
+
+
+def test_dp2_ep_serves_each_rank_its_own_requests(tiny_checkpoint, prompts, tp1, scratch):
+    r = run_engine(
+        scratch,
+        BACKEND,
+        script=ENGINE,
+        model=str(tiny_checkpoint),
+        prompts=prompts,
+        data_parallel_size=2,
+        enable_expert_parallel=True,
+    )
+    assert r["tokens"] == tp1["tokens"]
+    whole = tp1["cache_bytes"][0]
+    assert whole["latent_rows"] == _cached_rows(prompts) * GLM5Config.from_preset("tiny").num_hidden_layers
+    for dp, (caches, params) in enumerate(zip(r["cache_bytes"], r["bytes"])):
+        # rank dp served prompts dp, dp + 2, ...: its caches hold their rows only
+        mine, every = _cached_rows(prompts[dp::2]), _cached_rows(prompts)
+        assert caches["dp_rank"] == dp
+        for cache in ("latent", "indexer"):
+            assert caches[cache] * every == whole[cache] * mine, (dp, cache, caches, whole)
+        assert params["split_local"] * 2 == params["split_full"] > 0, params  # half the experts each
+    print(
+        f"DP=2 + EP: engine start {r['start_s']:.1f} s; per rank latent / indexer cache bytes "
+        f"{[(c['latent'], c['indexer']) for c in r['cache_bytes']]}, a TP=2 rank's "
+        f"({whole['latent']}, {whole['indexer']}); uncached (dummy) forwards "
+        f"{[s.get('uncached_forwards', 0) for s in r['stats']]}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("dp", "tp", "match"),
+    [
+        (2, 2, r"^data_parallel_size: .* at tensor_parallel_size 1 .*got data_parallel_size 2 with tensor_"),
+        (
+            3,
+            1,
+            r"^enable_expert_parallel: .*expert group of 3 ranks: n_routed_experts: 8 does not split over 3",
+        ),
+    ],
+)
+def test_a_layout_the_plugin_cannot_serve_is_refused_from_the_config(tiny_checkpoint, dp, tp, match):
+    from glm5.vllm.config import check_parallel_layout
+
+    pc = SimpleNamespace(data_parallel_size=dp, tensor_parallel_size=tp, enable_expert_parallel=True)
+    with pytest.raises(ValueError, match=match) as e:
+        check_parallel_layout(
+            SimpleNamespace(parallel_config=pc, model_config=SimpleNamespace(model=str(tiny_checkpoint)))
+        )
+    assert "\n" not in str(e.value)
 
 
 def test_dummy_load_serves(tiny_checkpoint, prompts, scratch):
