@@ -320,3 +320,13 @@ def _engine() -> str:
 
 
 ENGINE = _engine()
+CHOSEN = GEMM_ENV in os.environ  # read once, as ENGINE is
+
+
+def engine_for(device: torch.device) -> str:
+    """The engine for operands on `device`: GLM5_INVARIANT_GEMM when set, else "triton" on a CUDA device
+    (ENGINE is this CPU's choice: an H200 has about 1/30 the fp64 rate of its int8 one, and the int8
+    engine's combination allocates on the CPU), else ENGINE. All give the same integers."""
+    if device.type == "cuda" and not CHOSEN:
+        return "triton"
+    return ENGINE

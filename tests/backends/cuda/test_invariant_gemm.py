@@ -84,3 +84,12 @@ def test_bad_digits_are_one_line(device):
     big = torch.zeros(4, 1, 1, 131072, dtype=torch.int8, device=device)
     with pytest.raises(ValueError, match=r"^K: 131072 x 4 digit pairs of 7 bits could overflow"):
         digit_product(big, big[:, 0].reshape(1, 4, -1), 7)
+
+
+def test_a_cuda_device_takes_the_triton_engine_unless_one_is_chosen(monkeypatch):
+    monkeypatch.setattr(gemm, "CHOSEN", False)
+    assert gemm.engine_for(torch.device("cuda", 0)) == "triton"
+    assert gemm.engine_for(torch.device("cpu")) == gemm.ENGINE
+    monkeypatch.setattr(gemm, "CHOSEN", True)
+    monkeypatch.setattr(gemm, "ENGINE", "fp64")
+    assert gemm.engine_for(torch.device("cuda", 0)) == "fp64"
