@@ -4,7 +4,8 @@ split would pick.
 
 - `exact_matmul`: inputs rounded once to a t-bit fixed-point grid per row of A / column of B, the
   integer product P computed exactly (int64; by int8 digit products with int32 accumulation, by fp64
-  GEMMs of exact integer partial sums, or a plain int64 matmul: `ENGINE`, the same integers), so any
+  GEMMs of exact integer partial sums, or a plain int64 matmul: `ENGINE`; on a CUDA device by a Triton
+  kernel's int8 `tl.dot`: the same integers), so any
   order of the K loop, any split of K over ranks and any integer GEMM give the same bits; scaled and
   rounded once at the end, in integer operations.
 - `tree_sum`: a fixed binary tree of adds over one dimension (zero-padded to a power of two).
@@ -30,6 +31,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from backends.invariant_gemm import (  # noqa: F401  (grid_bits ... scaled: this module's public names too)
     ENGINE,
     b_form,
+    engine_for,
     grid_bits,
     grid_product,
     ldexp,
@@ -161,7 +163,8 @@ def exact_matmul(
     engine: str | None = None,
 ) -> torch.Tensor:
     """a [..., M, K] @ b [..., K, N] -> [..., M, N] in out_dtype (default a's), the same bits for any
-    blocking, batch, row subset, split of K or integer GEMM (`engine`, default ENGINE).
+    blocking, batch, row subset, split of K or integer GEMM (`engine`, default `engine_for(a.device)`:
+    ENGINE on the CPU, the Triton kernel on a CUDA device).
 
     Row-parallel use (K split over ranks): `split` (or its parts: k_total the unsplit K, max_over the
     elementwise max over the ranks of the per-row and per-column maxima, sum_over the sum over the ranks
@@ -171,7 +174,7 @@ def exact_matmul(
     """
     if split is not None:
         k_total, max_over, sum_over = split.k_total, split.max_over, split.sum_over
-    engine = engine or ENGINE
+    engine = engine or engine_for(a.device)
     dtype = out_dtype or a.dtype
     t = grid_bits(k_total or a.shape[-1])
     row_max = a.abs().amax(-1) if a.shape[-1] else a.new_zeros(a.shape[:-1])

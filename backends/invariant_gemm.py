@@ -3,9 +3,10 @@ column of B, the integer product P = A_q B_q computed exactly, and the one round
 
 - `to_grid`: round_half_even(x 2^(t - e)) as int32, e the row's (column's) exponent, t `grid_bits(K)`.
 - `digits`: a grid value as four signed int8 digits (base 2^7, |d| <= 64).
-- `int_product`: P exactly, as int64, by one of three engines that give the same integers: "int8" (the
-  16 digit pairs by int8 x int8 -> int32, torch._int_mm), "fp64" (two fp64 GEMMs whose partial sums are
-  integers below 2^53) and "int64" (a plain integer matmul). `ENGINE` is this process's choice.
+- `int_product`: P exactly, as int64, by one of four engines that give the same integers: "int8" (the
+  16 digit pairs by int8 x int8 -> int32, torch._int_mm), "triton" (the same pairs by int8 `tl.dot` in a
+  Triton kernel: GPUs), "fp64" (two fp64 GEMMs whose partial sums are integers below 2^53) and "int64"
+  (a plain integer matmul). `ENGINE` is this process's choice.
 - `round_scaled`: P 2^n rounded once to nearest even to the output dtype, in integer operations.
 """
 
@@ -108,6 +109,20 @@ def _int8_product(a_q: torch.Tensor, b_digits_t: torch.Tensor) -> torch.Tensor:
     return p
 
 
+def _triton_product(a_q: torch.Tensor, b_digits_t: torch.Tensor) -> torch.Tensor:
+    """P = a_q @ b_q exactly, as int64, by the Triton kernel of the same digit products (one launch for
+    every batch entry): int8 x int8 -> int32 `tl.dot` per digit pair, the pairs of a level summed in that
+    int32 accumulator, the levels combined in int64 (kernels_cuda/invariant_gemm.py). A GPU's tensors, or
+    CPU tensors under TRITON_INTERPRET=1."""
+    from kernels_cuda.invariant_gemm import digit_product  # triton: the cuda backend's dependency only
+
+    batch = torch.broadcast_shapes(a_q.shape[:-2], b_digits_t.shape[:-2])
+    a_q = a_q.expand(batch + a_q.shape[-2:]).reshape(-1, *a_q.shape[-2:])
+    b = b_digits_t.expand(batch + b_digits_t.shape[-2:]).reshape(-1, *b_digits_t.shape[-2:])
+    out = digit_product(digits(a_q), b.contiguous(), SLICE_BITS)
+    return out.view(batch + out.shape[-2:])
+
+
 def halves(q: torch.Tensor) -> torch.Tensor:
     """Integer-valued q (fp32 or fp64, |q| <= 2^27) -> fp64 [2, ...]: h = round_half_even(q 2^-14) and
     l = q - h 2^14 (|l| <= 2^13), every step exact in q's own float type."""
@@ -130,7 +145,7 @@ def _fp64_product(hl: torch.Tensor, b_d: torch.Tensor, t: int) -> torch.Tensor:
 
 def b_form(b_q: torch.Tensor, engine: str) -> torch.Tensor:
     """b's grid [..., K, N] in the form `engine` multiplies: fp64 integers, int64, or int8 digits stacked
-    on N and transposed ([..., S N, K], what `_int8_product` takes)."""
+    on N and transposed ([..., S N, K], what `_int8_product` and `_triton_product` take)."""
     if engine == "fp64":
         return b_q.double()
     if engine == "int64":
@@ -142,12 +157,15 @@ def b_form(b_q: torch.Tensor, engine: str) -> torch.Tensor:
 def int_product(a_q: torch.Tensor, b: torch.Tensor, engine: str, t: int) -> torch.Tensor:
     """The exact integer product P = a_q @ b_q (int32 grids of t bits; b in `b_form`) as int64, by
     `engine`:
-    "int8" (int8 digit products, int8 x int8 -> int32 by torch._int_mm), "fp64" (two fp64 GEMMs of
-    exact integer partial sums) or "int64" (the plain integer matmul). All three are the same integers."""
+    "int8" (int8 digit products, int8 x int8 -> int32 by torch._int_mm), "triton" (the same digit
+    products by a Triton kernel's int8 `tl.dot`), "fp64" (two fp64 GEMMs of exact integer partial sums)
+    or "int64" (the plain integer matmul). All four are the same integers."""
     if engine == "fp64":
         return _fp64_product(halves(a_q.double()), b, t)
     if engine == "int64":
         return torch.matmul(a_q.to(torch.int64), b)
+    if engine == "triton":
+        return _triton_product(a_q, b)
     if a_q.dim() == 2 and b.dim() == 2:
         return _int8_product(a_q, b)
     batch = torch.broadcast_shapes(a_q.shape[:-2], b.shape[:-2])
@@ -284,7 +302,7 @@ def _amx() -> bool:
 
 
 GEMM_ENV = "GLM5_INVARIANT_GEMM"
-ENGINES = ("int8", "fp64", "int64")
+ENGINES = ("int8", "fp64", "int64", "triton")
 
 
 def _engine() -> str:
@@ -302,3 +320,13 @@ def _engine() -> str:
 
 
 ENGINE = _engine()
+CHOSEN = GEMM_ENV in os.environ  # read once, as ENGINE is
+
+
+def engine_for(device: torch.device) -> str:
+    """The engine for operands on `device`: GLM5_INVARIANT_GEMM when set, else "triton" on a CUDA device
+    (ENGINE is this CPU's choice: an H200 has about 1/30 the fp64 rate of its int8 one, and the int8
+    engine's combination allocates on the CPU), else ENGINE. All give the same integers."""
+    if device.type == "cuda" and not CHOSEN:
+        return "triton"
+    return ENGINE
