@@ -248,11 +248,9 @@ class ExpertParallel(nn.Module):
     rank's own tokens. `ep_capacity`: None, the contiguous mode (one host read of the split sizes per
     layer); an int C, the masked mode (C rows per expert and source rank, fixed shapes, no host read;
     slots past C are dropped and added to `ep_dropped`, an int64 counter on the experts' device).
-    `ep_masked_tokens`: an int N (with replicated tokens and no `ep_capacity`), steps whose per-rank chunk
-    holds at most N tokens take the masked mode with capacity N, where no slot can be dropped (a token
-    routes to an expert at most once), and larger steps the contiguous mode: decode steps read nothing
-    back and keep fixed shapes, prefill sends only the routed rows. Every rank makes the same choice
-    because every rank holds the same tokens; with local tokens the counts differ, so it does not apply.
+    `ep_masked_tokens`: an int N (replicated tokens, no `ep_capacity`): steps of at most N tokens per rank
+    take the masked mode with capacity N (no slot can drop: a token routes to an expert at most once),
+    larger ones the contiguous mode (SPEC 11.1); every rank holds the same tokens, so chooses the same.
     """
 
     ep_group: Group
