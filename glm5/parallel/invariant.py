@@ -169,9 +169,14 @@ def layout_invariant(backend=None) -> Iterator[None]:
         yield
 
 
-def from_env(backend=None) -> contextlib.AbstractContextManager:
-    """`layout_invariant(backend)` when GLM5_LAYOUT_INVARIANT=1, else a no-op context."""
+def from_env_requested() -> bool:
+    """GLM5_LAYOUT_INVARIANT=1 (0 or unset: False; anything else a ValueError naming the variable)."""
     value = os.environ.get(ENV, "0")
     if value not in ("0", "1"):
         raise ValueError(f"{ENV}: expected 0 or 1, got {value!r}")
-    return layout_invariant(backend) if value == "1" else contextlib.nullcontext()
+    return value == "1"
+
+
+def from_env(backend=None) -> contextlib.AbstractContextManager:
+    """`layout_invariant(backend)` when GLM5_LAYOUT_INVARIANT=1, else a no-op context."""
+    return layout_invariant(backend) if from_env_requested() else contextlib.nullcontext()

@@ -14,6 +14,7 @@ from backends.cache_layout import MLACacheLayout
 from backends.registry import loaded
 from glm5.core.checkpoint import read_config
 from glm5.core.config import GLM5Config
+from glm5.parallel import invariant
 from glm5.parallel.plan import PlanError
 from glm5.parallel.plan import check as check_plan
 from glm5.vllm.fp8_cache import FLOAT_CACHE_DTYPES, check_cache_dtype
@@ -45,6 +46,12 @@ def check_parallel_layout(vllm_config) -> None:
     e.g. experts over the expert group's data x tensor-parallel ranks): a ValueError naming the argument."""
     pc, mc = vllm_config.parallel_config, vllm_config.model_config
     check_layout(pc)
+    if invariant.from_env_requested() and pc.tensor_parallel_size > 1 and not pc.enable_expert_parallel:
+        raise ValueError(
+            f"enable_expert_parallel: {invariant.ENV}=1 at tensor_parallel_size {pc.tensor_parallel_size} "
+            "needs expert parallel (without it the experts are split on their intermediate dim, which has "
+            "no exact split product in the layout-invariant mode); pass enable_expert_parallel"
+        )
     path = Path(mc.model)
     if not (path / "config.json").is_file():
         return  # the model refuses it when built, naming `model`

@@ -178,6 +178,23 @@ def test_a_layout_the_plugin_cannot_serve_is_refused_from_the_config(tiny_checkp
     assert "\n" not in str(e.value)
 
 
+def test_the_invariant_switch_at_tp2_without_expert_parallel_is_refused_from_the_config(
+    tiny_checkpoint, monkeypatch
+):
+    from glm5.vllm.config import check_parallel_layout
+
+    def config(ep: bool):
+        pc = SimpleNamespace(data_parallel_size=1, tensor_parallel_size=2, enable_expert_parallel=ep)
+        return SimpleNamespace(parallel_config=pc, model_config=SimpleNamespace(model=str(tiny_checkpoint)))
+
+    monkeypatch.setenv("GLM5_LAYOUT_INVARIANT", "1")
+    with pytest.raises(ValueError, match=r"^enable_expert_parallel: GLM5_LAYOUT_INVARIANT=1 at tensor_par"):
+        check_parallel_layout(config(ep=False))
+    check_parallel_layout(config(ep=True))  # whole experts per rank: served
+    monkeypatch.setenv("GLM5_LAYOUT_INVARIANT", "0")
+    check_parallel_layout(config(ep=False))
+
+
 def test_dummy_load_serves(tiny_checkpoint, prompts, scratch):
     if not available(BACKEND):
         pytest.skip(f"backend {BACKEND!r} not available here")
