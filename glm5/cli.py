@@ -41,6 +41,7 @@ SUMMARIES: dict[str, str] = {
 
 # a write that failed for want of room or permission on the disk: one line, not a traceback
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+ACCESS_ERRNOS = (errno.EACCES, errno.EPERM)
 
 # the pip extra a command's imports need, for the one-line error when it is missing
 EXTRAS: dict[str, str] = {"export-onnx": "onnx", "train": "train"}
@@ -70,10 +71,12 @@ class _LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except OSError as exc:
-            if exc.errno not in DISK_ERRNOS:
+            if exc.errno not in (*DISK_ERRNOS, *ACCESS_ERRNOS):
                 raise
             from glm5.core.fsio import describe
 
+            if exc.errno in ACCESS_ERRNOS:  # a source the user cannot read, an output they cannot write
+                raise click.ClickException(describe(exc)) from None
             raise click.ClickException(f"{describe(exc)} (nothing of this output was published)") from None
 
     def get_command(self, ctx, name):

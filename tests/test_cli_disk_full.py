@@ -84,3 +84,19 @@ def test_conformance_report_on_a_full_disk_is_one_line_exit_1(tmp_path, monkeypa
     args = ["conformance", "--backend", "reference", "--ops", "topk", "--suite", "smoke", "--json", str(out)]
     res = CliRunner().invoke(main, args)
     _one_line(res, 1, "No space left on device", "c.json")
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM])
+def test_a_file_the_user_may_not_touch_is_one_line_exit_1(tmp_path, monkeypatch, code):
+    # what an unreadable `quantize` source or an unwritable output raises (untestable as root with chmod):
+    # the glm5 group turns it into one line naming the file, whichever command met it
+    from conformance import report
+
+    def denied(path, text):
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(report, "write_text_report", denied)
+    out = tmp_path / "c.json"
+    args = ["conformance", "--backend", "reference", "--ops", "topk", "--suite", "smoke", "--json", str(out)]
+    res = CliRunner().invoke(main, args)
+    _one_line(res, 1, os.strerror(code), "c.json")
