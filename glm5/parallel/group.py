@@ -189,6 +189,29 @@ class _Gather(torch.autograd.Function):
         return g.narrow(ctx.dim, start, ctx.width).contiguous(), None, None
 
 
+class _ScatterSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Group, exact: bool) -> torch.Tensor:
+        ctx.group = group
+        return group.reduce_scatter(x.contiguous(), exact=exact)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return ctx.group.all_gather(g.contiguous(), 0), None, None
+
+
+class _Split(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Group) -> torch.Tensor:
+        ctx.group = group
+        c = x.shape[0] // group.size
+        return x.narrow(0, group.rank * c, c).contiguous()
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        return ctx.group.all_gather(g.contiguous(), 0), None
+
+
 def enter(x: torch.Tensor, group: Group) -> torch.Tensor:
     """A replicated activation entering a sharded computation (gradient summed over the group)."""
     return x if group.size == 1 or not torch.is_grad_enabled() else _Enter.apply(x, group)
@@ -207,3 +230,31 @@ def gather(x: torch.Tensor, group: Group, dim: int) -> torch.Tensor:
     if group.size == 1:
         return x
     return _Gather.apply(x, group, dim) if torch.is_grad_enabled() else group.all_gather(x, dim)
+
+
+def reduce_scatter(x: torch.Tensor, group: Group, exact: bool | None = None) -> torch.Tensor:
+    """This rank's chunk of dim 0 of the sum of the group's partial results (a row-parallel output
+    leaving into a sequence-parallel region; backward: the gradient all-gathered); exact=None:
+    `exact_sums()`."""
+    if group.size == 1:
+        return x
+    exact = exact_sums() if exact is None else exact
+    if torch.is_grad_enabled():
+        return _ScatterSum.apply(x, group, exact)
+    return group.reduce_scatter(x.contiguous(), exact=exact)
+
+
+def scatter(x: torch.Tensor, group: Group) -> torch.Tensor:
+    """This rank's chunk of dim 0 of a tensor every rank holds whole (entering a sequence-parallel
+    region; backward: the gradient all-gathered)."""
+    if group.size == 1:
+        return x
+    if x.shape[0] % group.size:
+        raise ValueError(
+            f"sequence parallel: {x.shape[0]} tokens do not split into {group.size} equal parts "
+            "(the tokens of a step must divide by tp)"
+        )
+    if torch.is_grad_enabled():
+        return _Split.apply(x, group)
+    c = x.shape[0] // group.size
+    return x.narrow(0, group.rank * c, c).contiguous()

@@ -19,58 +19,27 @@ are replicated, so every rank computes the same top-k from the same bits (checke
 glm5/parallel/agreement.py under GLM5_VALIDATE).
 
 `apply` slices the model's parameters in place (on the meta device it only makes them local-sized, for
-a loader that then reads each rank's slice with `local_slice`). Every sharded parameter carries
-`p.glm5_shard`, a `ShardInfo` the optimizers and checkpoint code read.
+a loader that then reads each rank's slice with `local_slice`). It records where every tensor lies in one
+table, `model.glm5_plan` (glm5/parallel/layout.py: a `ShardInfo` per split tensor, by name), which the
+loaders, optimizers, gradient clip and checkpoints read; nothing is stored on the tensors.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from backends import Backend, expert_dispatch
 from glm5.core.moe import Experts
-from glm5.parallel import invariant
-from glm5.parallel.group import Group, enter, gather, reduce
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """What part of a full parameter this rank holds: `size` equal slices of dim `dim` (each a whole
-    number of `unit` rows: heads, experts or vocabulary rows), this rank's is number `rank`."""
-
-    kind: str  # 'heads' | 'colwise' | 'rowwise' | 'experts-tp' | 'experts-ep' | 'vocab'
-    dim: int
-    rank: int
-    size: int
-    full_shape: tuple[int, ...]
-    unit: int = 1
-    group: Group | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def length(self) -> int:
-        return self.full_shape[self.dim] // self.size
-
-    @property
-    def start(self) -> int:
-        return self.rank * self.length
+from glm5.parallel import invariant, sequence
+from glm5.parallel.group import Group, enter, gather, reduce, reduce_scatter, scatter
+from glm5.parallel.layout import Layouts, ShardInfo
 
 
 class PlanError(ValueError):
     """The model cannot be split this way (a count not divisible by the group size)."""
-
-
-def shard_info(p: torch.Tensor) -> ShardInfo | None:
-    """The ShardInfo of a parameter `apply` split, None for a replicated one."""
-    return getattr(p, "glm5_shard", None)
-
-
-def group_of(p: torch.Tensor) -> Group | None:
-    info = shard_info(p)
-    return None if info is None else info.group
 
 
 # -- the rules ------------------------------------------------------------------------------------------
@@ -115,13 +84,11 @@ def _split(
         )
         local = parts.flatten(dim, dim + 1)
     local = local if p.is_meta else local.clone()
+    module.__dict__.setdefault("_glm5_split", {})[pname] = info  # `apply` collects it into the Layouts
     if pname in module._buffers:
-        local.glm5_shard = info
         module._buffers[pname] = local
         return
-    new = nn.Parameter(local, requires_grad=p.requires_grad)
-    new.glm5_shard = info
-    setattr(module, pname, new)
+    setattr(module, pname, nn.Parameter(local, requires_grad=p.requires_grad))
 
 
 def _split_linear(lin: nn.Module, kind: str, dim: int, group: Group, unit: int = 1) -> None:
@@ -151,59 +118,59 @@ def _enter_input(group: Group):
     return hook
 
 
-def _reduce_output(group: Group):
+def _reduce_output(group: Group, sp: bool):
     def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
-        return reduce(out, group)
+        return reduce_scatter(out, group) if sp else reduce(out, group)
 
     return hook
 
 
-def _rowwise(lin: nn.Linear, group: Group) -> None:
-    """Split the input dim; the partial outputs are summed over the group. In the layout-invariant mode the
-    product itself sums exact integer partials over the group (SPEC 12), so the float sum is skipped."""
+def _rowwise(lin: nn.Linear, group: Group, sp: bool = False) -> None:
+    """Split the input dim; the partial outputs are summed over the group (sp: each rank keeps its chunk
+    of the tokens, glm5/parallel/sequence.py). In the layout-invariant mode the product itself sums exact
+    integer partials over the group (SPEC 12), so the float sum is skipped."""
     _split_linear(lin, "rowwise", 1, group)
-    if isinstance(lin, nn.Linear):
-        k_total = shard_info(lin.weight).full_shape[1]
-    elif getattr(lin, "exact_split_product", False):  # quantized linears: exact integer partials
-        k_total = lin.in_features * group.size
-    else:
-        k_total = None
+    # nn.Linear, or a quantized linear with exact integer partials
+    exact = isinstance(lin, nn.Linear) or getattr(lin, "exact_split_product", False)
+    k_total = lin.in_features * group.size if exact else None
 
     split = invariant.RowSplit(group, k_total) if k_total is not None else None
     plain = lin.forward
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if not invariant.active():
-            return reduce(plain(x), group)
+            return reduce_scatter(plain(x), group) if sp else reduce(plain(x), group)
         if split is None:
             raise invariant.NotLayoutInvariant(
                 f"{type(lin).__name__}: a row-parallel layer other than nn.Linear has no exact "
                 "split product in the layout-invariant mode"
             )
         if isinstance(lin, nn.Linear):
-            return invariant.linear(x, lin.weight, lin.bias, split)
-        return plain(x, split=split)  # a quantized linear: quant/invariant.py takes the split
+            y = invariant.linear(x, lin.weight, lin.bias, split)
+        else:
+            y = plain(x, split=split)  # a quantized linear: quant/invariant.py takes the split
+        return scatter(y, group) if sp else y
 
     lin.forward = forward  # the split is the product's argument (SPEC 12), not state read by the next op
 
 
-def _attention(attn: nn.Module, group: Group) -> None:
+def _attention(attn: nn.Module, group: Group, sp: bool) -> None:
     attn.head_group = group  # whose heads sum to the whole layer (the DSA teacher reads it; survives FSDP)
     _split_linear(attn.q_b_proj, "heads", 0, group, attn.nope + attn.rope)
     _split_linear(attn.kv_b_proj, "heads", 0, group, attn.nope + attn.v_dim)
     attn.q_b_proj.register_forward_pre_hook(_enter_input(group))
     attn.latent.register_forward_hook(lambda m, a, out: enter(out, group))
-    _rowwise(attn.o_proj, group)
+    _rowwise(attn.o_proj, group, sp)
 
 
-def _mlp(mlp: nn.Module, group: Group) -> None:
+def _mlp(mlp: nn.Module, group: Group, sp: bool) -> None:
     _split_linear(mlp.gate_proj, "colwise", 0, group)
     _split_linear(mlp.up_proj, "colwise", 0, group)
     mlp.register_forward_pre_hook(_enter_input(group))
-    _rowwise(mlp.down_proj, group)
+    _rowwise(mlp.down_proj, group, sp)
 
 
-def _experts_tp(experts: nn.Module, group: Group) -> None:
+def _experts_tp(experts: nn.Module, group: Group, sp: bool) -> None:
     """Every expert's intermediate dim split (vLLM's MoE without expert parallel)."""
     if isinstance(experts, Experts):
         _split(experts, "gate_proj", "experts-tp", 1, group)
@@ -230,7 +197,7 @@ def _experts_tp(experts: nn.Module, group: Group) -> None:
     experts.register_forward_pre_hook(refuse_invariant)
     # the routing weights enter too: each rank's partial output carries only its part of their gradient
     experts.register_forward_pre_hook(lambda m, a: (enter(a[0], group), a[1], enter(a[2], group), *a[3:]))
-    experts.register_forward_hook(_reduce_output(group))
+    experts.register_forward_hook(_reduce_output(group, sp))
 
 
 class ExpertParallel(nn.Module):
@@ -393,13 +360,17 @@ def apply(
     ep_tokens: str = "replicated",
     ep_capacity: int | None = None,
     ep_masked_tokens: int | None = None,
-) -> dict[str, ShardInfo]:
+    sequence_parallel: bool = False,
+) -> Layouts:
     """Split a GLM5ForCausalLM in place over `tp` (experts over `ep` when given: whole experts per rank,
-    the attention still over `tp`) and return the ShardInfo of every split parameter by name.
+    the attention still over `tp`) and return its Layouts (glm5/parallel/layout.py: the ShardInfo of every
+    split tensor by name, the group holding copies of the rest), kept as `model.glm5_plan`.
     `ep_tokens` / `ep_capacity`: how the expert group's ranks hold tokens and which dispatch mode runs
     (ExpertParallel): "replicated" when they hold the same tokens (ep = tp, or copies), "local" when
     each holds its own (experts across data-parallel ranks); `ep_masked_tokens`: the masked mode for steps
     of at most that many tokens per rank, the contiguous mode above (a serving engine's decode bound).
+    `sequence_parallel` (training, tp > 1, no ep): the decoder layers' norms and residual adds run on each
+    rank's chunk of the tokens (glm5/parallel/sequence.py).
 
     Call it once, on the full model (random or loaded: each rank keeps its slice and frees the rest) or
     on the meta device before a loader fills the local slices (`local_slice`). Tied embeddings stay tied.
@@ -412,19 +383,22 @@ def apply(
     for arg, value in (("ep_capacity", ep_capacity), ("ep_masked_tokens", ep_masked_tokens)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise PlanError(f"{arg}: expected an integer >= 1 or None, got {value!r}")
+    if sequence_parallel and (tp.size == 1 or ep is not None and ep.size > 1):
+        raise PlanError("sequence_parallel: runs over the tp group, with tp > 1 and no expert parallel")
     for name, module in list(model.named_modules()):
         style = style_of(name)
         if style is None or tp.size == 1 and style != "experts":
             continue
+        sp = sequence_parallel and sequence.in_region(name, model.config)
         if style == "attention":
-            _attention(module, tp)
+            _attention(module, tp, sp)
         elif style == "mlp" and not hasattr(module, "experts"):  # the dense MLP or the shared expert
-            _mlp(module, tp)
+            _mlp(module, tp, sp)
         elif style == "experts":
             if ep is not None and ep.size > 1:
                 _expert_parallel(module, ep, ep_tokens, ep_capacity, ep_masked_tokens)
             elif tp.size > 1:
-                _experts_tp(module, tp)
+                _experts_tp(module, tp, sp)
         elif style == "vocab-embedding":
             parent_name, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent_name), attr, VocabParallelEmbedding(module, tp))
@@ -432,10 +406,15 @@ def apply(
             _vocab_head(module, tp)
     if hasattr(model, "prepare_weights"):
         model.prepare_weights()  # layers that lay their weights out for the backend do it again, once
-    tensors = [*model.named_parameters(), *model.named_buffers()]
-    shards = {n: t.glm5_shard for n, t in tensors if shard_info(t) is not None}
-    model.glm5_plan = shards
-    return shards
+    shards = {}
+    for prefix, module in model.named_modules():
+        for pname, info in module.__dict__.pop("_glm5_split", {}).items():
+            shards[f"{prefix}.{pname}" if prefix else pname] = info
+    # the ranks of tp (or of ep over ranks holding the same tokens) hold whole copies of the rest
+    copies = tp if tp.size > 1 else ep if ep is not None and ep_tokens == "replicated" else None
+    partial = sequence.apply(model, tp) if sequence_parallel else ()
+    model.glm5_plan = Layouts(shards, copies, partial)
+    return model.glm5_plan
 
 
 def local_slice(model: nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:

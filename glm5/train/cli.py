@@ -214,7 +214,8 @@ _POS_FLOAT = _FiniteFloat(min=0, min_open=True)
 @click.option(
     "--mesh",
     default=None,
-    help="Parallel layout, e.g. dp=2 or dp=2,tp=1,ep=1,pp=1 (axes multiply to --nproc)  [default: dp=NPROC]",
+    help="Parallel layout, e.g. dp=2 or dp=2,tp=1,ep=1,pp=1 (axes multiply to --nproc); tp=N,sp=N: sequence "
+    "parallel for the norms over the tp ranks  [default: dp=NPROC]",
 )
 @click.option(
     "--zero",
@@ -310,7 +311,7 @@ def train(
                 "--rollout-engine policy)",
                 param_hint="'--rollout-engine'",
             )
-    parallel = parallel_options(nproc, mesh, stage, batch_size, layout_invariant)
+    parallel = parallel_options(nproc, mesh, stage, batch_size, layout_invariant, seq_len)
     check_options_used(stage, rollout_engine, parallel, resume)
     microbatches = pipeline_options(
         parallel,

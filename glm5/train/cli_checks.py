@@ -57,11 +57,16 @@ def run_dir(out: str, resume: bool) -> Path:
 
 
 def parallel_options(
-    nproc: int, mesh: str | None, stage: str, batch_size: int, layout_invariant: bool = False
+    nproc: int,
+    mesh: str | None,
+    stage: str,
+    batch_size: int,
+    layout_invariant: bool = False,
+    seq_len: int | None = None,
 ):
     """The Mesh of a run on several processes (None for one), checked against --nproc, --stage,
-    --batch-size and --layout-invariant in one line naming the option (before any rank starts). Under
-    torchrun, --nproc defaults to its WORLD_SIZE."""
+    --batch-size, --seq-len (sequence parallel) and --layout-invariant in one line naming the option
+    (before any rank starts). Under torchrun, --nproc defaults to its WORLD_SIZE."""
     from glm5.train.distributed import under_torchrun
     from glm5.train.mesh import Mesh, check_mesh, parse_mesh
 
@@ -89,6 +94,17 @@ def parallel_options(
     if batch_size % parsed.dp:
         raise click.BadParameter(
             f"the global batch must divide by dp ({parsed.dp}), got {batch_size}", param_hint="'--batch-size'"
+        )
+    if parsed.sp > 1 and stage == "rl":
+        raise click.BadParameter(
+            f"sp={parsed.sp}: sequence parallel splits a step's tokens, which RL's rollouts do not fix",
+            param_hint="'--mesh'",
+        )
+    if parsed.sp > 1 and seq_len is not None and batch_size // parsed.dp * seq_len % parsed.sp:
+        raise click.BadParameter(
+            f"sequence parallel splits each rank's {batch_size // parsed.dp} x {seq_len} tokens over "
+            f"sp={parsed.sp}, which does not divide them",
+            param_hint="'--seq-len'",
         )
     return parsed
 

@@ -12,12 +12,13 @@ torch.distributed.
   sharded either way. With tp or ep: the one parallel plan, glm5/parallel/plan.py. dp=N,ep=N: experts
   split over the dp ranks themselves (`ep_tokens="local"`, a 1-D dp mesh), out of FSDP2. A 2-D mesh
   (dp x tp; DeviceMesh (dp, tp), the model axis inner): the plan over the tp sub-group first, then FSDP2
-  over the dp sub-mesh on each rank's slices; the plan's ShardInfo (`p.glm5_shard`, which FSDP2's
-  new parameters do not carry) is attached again, and each parameter the plan left whole carries
-  `p.glm5_replicas` (the tp / ep group holding copies of it), so DistributedMuon and the checkpoints see
-  both layouts. Stage warmup at dp > 1: the indexers (its only trainable parameters, whose KL loss never
-  reaches a decoder layer's output, so FSDP2's backward hooks would not run) stay out of FSDP, replicated,
-  and their gradients are averaged over dp explicitly (in rank order, as FSDP2 sums).
+  over the dp sub-mesh on each rank's slices. Where each parameter lies is described once, by name, in
+  the plan's table (`model.glm5_plan`, glm5/parallel/layout.py: its slice of the model axis, or whole
+  copies over the tp / ep group); FSDP2's dim-0 chunk over dp is its DTensor placement on top, and
+  DistributedMuon, the gradient clip and the checkpoints compose the two. Stage warmup at dp > 1: the
+  indexers (its only trainable parameters, whose KL loss never reaches a decoder layer's output, so
+  FSDP2's backward hooks would not run) stay out of FSDP, replicated, and their gradients
+  are averaged over dp explicitly (in rank order, as FSDP2 sums).
 - Optimizers: `DistributedMuon` (glm5/train/muon_dist.py: per-head and per-expert shards updated in
   place, every other matrix by one owner) and AdamW on the shards.
 - `DistBalancer`: the aux-loss-free expert bias moves on the expert load summed over the dp ranks.
@@ -35,6 +36,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from glm5.parallel import layout as layouts
 from glm5.train.dsa import ExpertBalancer
 from glm5.train.mesh import Mesh
 from glm5.train.muon_dist import build_distributed_optimizers
@@ -211,22 +213,18 @@ class Dist:
 
             group = TorchGroup(self.model_group)
             if self.mesh.model_axis == "tp":
-                apply(model, tp=group)
+                apply(model, tp=group, sequence_parallel=self.mesh.sp > 1)
             elif self.mesh.ep_over_dp:
                 apply(model, tp=Single(), ep=group, ep_tokens="local")
             else:
                 apply(model, tp=Single(), ep=group)
+        self._layouts = layouts.by_tensor(model)  # replaced below for the parameters FSDP2 shards
         if self.mesh.dp == 1:
-            if self.model_parallel:  # the parameters the plan left whole: the group holds copies of them
-                plan = getattr(model, "glm5_plan", None) or {}
-                for name, p in model.named_parameters():
-                    if name not in plan:
-                        p.glm5_replicas = group
             return
         dp_mesh = self.device_mesh["dp"] if self.two_d else self.device_mesh
         ignored = {p for n, p in model.named_parameters() if ".indexer." in n} if frozen_base else set()
         if self.mesh.ep_over_dp:  # own experts, out of FSDP2; gradient (all ranks' tokens) / dp as FSDP2's
-            experts = [p for p in model.parameters() if getattr(p, "glm5_shard", None) is not None]
+            experts = [p for n, p in model.named_parameters() if n in layouts.of(model)]
             for p in experts:
                 p.register_hook(lambda g: g / self.mesh.dp)
             ignored |= set(experts)
@@ -238,33 +236,7 @@ class Dist:
             fully_shard(layer, mesh=dp_mesh, reshard_after_forward=reshard, ignored_params=ignored)
         # the root keeps its parameters gathered after forward: the MTP loss runs after model() returns
         fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, ignored_params=ignored)
-        if self.model_parallel:
-            self._mark_layouts(model)
-
-    def _mark_layouts(self, model: torch.nn.Module) -> None:
-        """FSDP2 replaced the parameters: attach the plan's ShardInfo again (by name) and mark the
-        parameters the plan left whole with the group that holds copies of them."""
-        from torch.distributed.fsdp import FSDPModule
-
-        from glm5.parallel.group import TorchGroup
-
-        plan = getattr(model, "glm5_plan", None) or {}
-        copies = TorchGroup(self.model_group)
-        for name, p in model.named_parameters():
-            if name in plan:
-                p.glm5_shard = plan[name]
-            elif isinstance(p, DTensor) and not self.mesh.ep_over_dp:  # ep over dp: FSDP shards, no copies
-                p.glm5_replicas = copies
-        # in a forward the unit's gathered parameters are registered, new tensors FSDP2 made: they carry
-        # the ShardInfo too (the indexer KL's teacher finds the tp group of q_b_proj by it)
-        for prefix, module in model.named_modules():
-            if isinstance(module, FSDPModule):
-                infos = {
-                    n: plan[f"{prefix}.{n}" if prefix else n]
-                    for n, _ in module.named_parameters()
-                    if (f"{prefix}.{n}" if prefix else n) in plan
-                }
-                module.register_forward_pre_hook(_attach(infos))
+        self._layouts = layouts.by_tensor(model)
 
     @staticmethod
     def reshard(model: torch.nn.Module) -> None:
@@ -311,17 +283,27 @@ class Dist:
         return self._plan_mesh
 
     _plan_mesh: DeviceMesh | None = None
+    _layouts: dict = None  # parameter -> ParamLayout (glm5/parallel/layout.py), set by `shard`
 
     def sync_replicated_grads(self, params: list[torch.Tensor]) -> None:
-        """dp > 1: the mean over the dp ranks of the gradients FSDP2 does not reduce (parameters kept out
-        of it: the warm-up's indexers), summed in rank order as FSDP2 sums (each divided by dp first)."""
-        if self.mesh.dp == 1:
-            return
+        """The sums the backward leaves to the step: a copy whose gradient is partial over its group (its
+        Layout's `partial`: sequence parallel's norms) summed over it (on FSDP2's local chunk on a 2-D
+        mesh); then at dp > 1 the mean over the dp ranks of the gradients FSDP2 does not reduce
+        (parameters kept out of it: the warm-up's indexers), summed in rank order as FSDP2 sums (each
+        divided by dp first)."""
         from glm5.parallel.group import TorchGroup
 
+        for p in params:
+            part = self._layouts.get(p, layouts.WHOLE).partial
+            if p.grad is not None and part is not None:
+                g = local(p.grad)
+                g.copy_(part.all_reduce(g))
+        if self.mesh.dp == 1:
+            return
         group = TorchGroup(self.dp_group)
         for p in params:  # (a plan slice here is a rank's own experts, ep over dp: not a copy)
-            if p.grad is not None and not isinstance(p, DTensor) and getattr(p, "glm5_shard", None) is None:
+            sliced = self._layouts.get(p, layouts.WHOLE).shard is not None
+            if p.grad is not None and not isinstance(p, DTensor) and not sliced:
                 p.grad.copy_(group.all_reduce(p.grad / self.mesh.dp))
 
     def clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -347,7 +329,7 @@ class Dist:
             if p.grad is None:
                 continue
             g = local(p.grad)
-            sliced, fsdp = getattr(p, "glm5_shard", None) is not None, isinstance(p.grad, DTensor)
+            sliced, fsdp = self._layouts.get(p, layouts.WHOLE).shard is not None, isinstance(p.grad, DTensor)
             key = ("world" if fsdp else "model") if sliced else ("dp" if fsdp else "once")
             sums[key] = sums.get(key, torch.zeros(())) + g.float().pow(2).sum()
             grads.append(g)
@@ -380,18 +362,6 @@ class Dist:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _attach(infos: dict):
-    """A forward pre-hook (after FSDP2's, which registers the gathered parameters) setting `glm5_shard`."""
-
-    def hook(module: torch.nn.Module, args: tuple) -> None:
-        for name, p in module.named_parameters():
-            info = infos.get(name)
-            if info is not None and getattr(p, "glm5_shard", None) is None:
-                p.glm5_shard = info
-
-    return hook
 
 
 def full(x: torch.Tensor) -> torch.Tensor:

@@ -3,13 +3,19 @@ against the process count before anything starts.
 
 `ep` with `dp` places the experts across the data-parallel ranks (torchtitan's and Megatron's layout):
 `dp=2,ep=2` is 2 processes, each with its own half of the batch and half of the experts, the routed
-rows dispatched between them (SPEC 11.1); this build runs it with ep equal to dp."""
+rows dispatched between them (SPEC 11.1); this build runs it with ep equal to dp.
+
+`sp` is sequence parallel for the norms (glm5/parallel/sequence.py): not an axis of its own but a way of
+running the tp ranks, so `tp=2,sp=2` is 2 processes (sp must equal tp), alone or under dp (`dp=2,tp=2,sp=2`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 AXES = ("dp", "tp", "ep", "pp")
+#: what runs over another axis's ranks without ranks of its own: sp over tp
+OVER = {"sp": "tp"}
 #: axes this build can run with a size above 1 (pp alone: glm5/train/pipeline_run.py)
 RUNNABLE = ("dp", "tp", "ep", "pp")
 #: the 2-D meshes it runs: data parallel (FSDP2) over copies of a model split by the plan (dp x tp), and
@@ -23,6 +29,7 @@ class Mesh:
     tp: int = 1
     ep: int = 1
     pp: int = 1
+    sp: int = 1
 
     @property
     def ep_over_dp(self) -> bool:
@@ -44,7 +51,7 @@ class Mesh:
         return next((a for a in ("tp", "ep") if getattr(self, a) > 1), None)
 
     def __str__(self) -> str:
-        return ",".join(f"{a}={getattr(self, a)}" for a in AXES)
+        return ",".join(f"{a}={getattr(self, a)}" for a in AXES) + (f",sp={self.sp}" if self.sp > 1 else "")
 
 
 def parse_mesh(text: str) -> Mesh:
@@ -53,8 +60,10 @@ def parse_mesh(text: str) -> Mesh:
     for part in (p.strip() for p in text.split(",")):
         name, eq, value = part.partition("=")
         name = name.strip()
-        if not eq or name not in AXES:
-            raise ValueError(f"expected AXIS=N[,AXIS=N...] with AXIS one of {', '.join(AXES)}, got {text!r}")
+        if not eq or name not in (*AXES, *OVER):
+            raise ValueError(
+                f"expected AXIS=N[,AXIS=N...] with AXIS one of {', '.join((*AXES, *OVER))}, got {text!r}"
+            )
         if name in sizes:
             raise ValueError(f"axis {name} given twice in {text!r}")
         try:
@@ -73,6 +82,8 @@ def check_mesh(mesh: Mesh, nproc: int) -> None:
             f"ep={mesh.ep} with dp={mesh.dp}: experts across the data-parallel ranks need ep equal to dp "
             "in this build (each dp rank holds E / dp whole experts)"
         )
+    if mesh.sp > 1 and mesh.sp != mesh.tp:
+        raise ValueError(f"sp={mesh.sp}: sequence parallel runs over the tp ranks, expected tp={mesh.sp}")
     if mesh.size != nproc:
         borrowed = "; ep borrows the dp ranks" if mesh.ep_over_dp else ""
         raise ValueError(f"the axes multiply to {mesh.size} ({mesh}{borrowed}), expected --nproc ({nproc})")

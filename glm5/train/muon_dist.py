@@ -1,7 +1,8 @@
 """Muon Split over sharded parameters (FSDP2 DTensors, tensor / expert parallel shards) that never
 all-gathers what a rank does not own, with the same bits as the 1-process `Muon`.
 
-Each Muon parameter takes one of two paths, fixed at construction from its shape and its sharding:
+Each Muon parameter takes one of two paths, fixed at construction from its shape and its sharding (its
+entry in the plan's table, glm5/parallel/layout.py, passed as `placements`; FSDP2's DTensor placement):
 
 - **local**: the shard holds whole Muon blocks (whole heads of `q_b_proj` / `kv_b_proj` under Muon
   Split, whole routed experts of a stacked `[E, r, c]` parameter), so Newton-Schulz runs on the shard:
@@ -14,16 +15,16 @@ Each Muon parameter takes one of two paths, fixed at construction from its shape
   Newton-Schulz once and sends each rank its slice of the update back (`dist.scatter`). Matrices are
   batched into one gather and one scatter per owner.
 
-A matrix every rank of a tensor / expert parallel group holds whole (`p.glm5_replicas`, no FSDP: the
+A matrix every rank of a tensor / expert parallel group holds whole (the plan's `copies`, no FSDP: the
 plan's replicated `q_a_proj`, indexer, router, ...) has the same gradient bits on every rank of that
 group: one owner (balanced by cost) orthogonalises it and broadcasts the update, so Newton-Schulz still
 runs once per matrix per step. Parameters replicated with no group named are updated on every rank.
 
 On a 2-D mesh (dp x tp: FSDP2 over the dp ranks of a model the plan split) a parameter's
-Layout spans every rank: a plan slice (`p.glm5_shard`) that FSDP2 shards on dim 0 lies at the plan's
+Layout spans every rank: a plan slice (its `ShardInfo`) that FSDP2 shards on dim 0 lies at the plan's
 offset plus FSDP's chunk (a 'heads' / 'experts-ep' slice split on dim 0 twice still holds whole heads /
 experts per rank when the counts divide: the local path); a slice of another dim is a 2-D box (dim 0
-from FSDP, `dim2` from the plan). A parameter the plan left whole (`p.glm5_replicas`: the tp / ep group
+from FSDP, `dim2` from the plan). A parameter the plan left whole (the plan's `copies`: the tp / ep group
 holding copies) has its one owner among all ranks, which receives every copy's FSDP shard (identical
 bits; one is used) and sends each rank its part: one Newton-Schulz call per matrix per step over the
 whole mesh, at the price of (tp - 1) redundant shards into the owner.
@@ -40,8 +41,9 @@ split-awareness) and split (this optimizer).
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +51,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from glm5.parallel import layout
+from glm5.parallel.layout import WHOLE, ParamLayout
 from glm5.train.muon import Blocks, Muon, build_optimizers
 from glm5.train.muon_layout import (
     CATEGORIES,
@@ -117,7 +121,9 @@ class DistributedMuon(Muon):
         ns_steps: int = 5,
         ns_dtype: torch.dtype = torch.float32,
         scheme: str = "split",
+        placements: Mapping[torch.Tensor, ParamLayout] | None = None,
     ) -> None:
+        placements = placements or {}
         if scheme not in ("owner", "split"):
             raise ValueError(f"scheme: expected 'owner' or 'split', got {scheme!r}")
         defaults = dict(
@@ -134,12 +140,13 @@ class DistributedMuon(Muon):
         replica_path: dict[object, list[_Entry]] = {}
         for group in self.param_groups:
             for p, blk in zip(group["params"], group["blocks"], strict=True):
-                lay = layout_of(p)
+                place = placements.get(p, WHOLE)
+                lay = layout_of(p, place)
                 full = lay.full_shape if lay else tuple(p.shape)
                 if len(full) < 2 or blk.heads * sum(blk.sections) != math.prod(full[:-1]):
                     raise ValueError(f"blocks: {blk} does not tile a parameter of shape {full}")
-                copies = None if isinstance(p, DTensor) else getattr(p, "glm5_replicas", None)
-                if lay is None and copies is not None and copies.size > 1:  # one owner, broadcast
+                copies = None if isinstance(p, DTensor) else place.copies
+                if lay is None and copies is not None:  # one owner, broadcast
                     entry = _Entry(
                         blk,
                         None,
@@ -305,11 +312,6 @@ class DistributedMuon(Muon):
 
 
 # -- building the optimizers ---------------------------------------------------------------------------
-def _full_shape(p: torch.Tensor) -> tuple[int, ...]:
-    info = getattr(p, "glm5_shard", None)
-    return tuple(info.full_shape) if info is not None else tuple(p.shape)  # a DTensor's shape is global
-
-
 def build_distributed_optimizers(
     model: nn.Module,
     mode: str = "muon-split",
@@ -320,6 +322,14 @@ def build_distributed_optimizers(
 ) -> list[torch.optim.Optimizer]:
     """`build_optimizers` for a sharded GLM-5 (FSDP2 and / or glm5.parallel.plan): [DistributedMuon,
     AdamW] (or [AdamW] for mode 'adamw'). AdamW is elementwise, so torch's runs on the shards as is."""
+    places = layout.by_tensor(model)
     return build_optimizers(
-        model, mode, lr, weight_decay, betas, momentum, muon_cls=DistributedMuon, full_shape=_full_shape
+        model,
+        mode,
+        lr,
+        weight_decay,
+        betas,
+        momentum,
+        muon_cls=functools.partial(DistributedMuon, placements=places),
+        full_shape=lambda p: places[p].full_shape(p),
     )

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from glm5.parallel.layout import WHOLE, ParamLayout
 from glm5.train.muon import Blocks
 
 CATEGORIES = ("per-head", "per-expert", "matrix")
@@ -120,11 +121,10 @@ def _grid(dp_ranks: list[int], model_ranks: list[int]) -> dict[int, tuple[int, i
     }
 
 
-def _layout_2d(p: DTensor, mesh, i: int) -> Layout | None:
+def _layout_2d(p: DTensor, mesh, i: int, place: ParamLayout) -> Layout | None:
     """A plan slice or a plan-replicated parameter that FSDP2 sharded over the dp ranks: its Layout over
-    every rank of the 2-D mesh (the default group), or None when `p` carries neither mark."""
-    info = getattr(p, "glm5_shard", None)
-    copies = getattr(p, "glm5_replicas", None)
+    every rank of the 2-D mesh (the default group), or None when the plan neither split nor copied it."""
+    info, copies = place.shard, place.copies
     if info is None and copies is None:
         return None
     model_pg = process_group_of(info.group if info is not None else copies)
@@ -146,9 +146,9 @@ def _layout_2d(p: DTensor, mesh, i: int) -> Layout | None:
     return Layout(full, 0, tuple(ranges), dist.get_rank(), None, dim2, ranges2)
 
 
-def layout_of(p: torch.Tensor) -> Layout | None:
+def layout_of(p: torch.Tensor, place: ParamLayout = WHOLE) -> Layout | None:
     """The Layout of a sharded parameter: an FSDP2 / DTensor `Shard(0)` over one mesh dimension (others
-    replicated), or a tensor / expert parallel shard carrying `p.glm5_shard`, or both on a 2-D mesh
+    replicated), or the plan's slice of it (`place`, its entry in the plan's table), or both on a 2-D mesh
     (module docstring); None when replicated."""
     if isinstance(p, DTensor):
         sharded = [i for i, pl in enumerate(p.placements) if not isinstance(pl, Replicate)]
@@ -161,12 +161,12 @@ def layout_of(p: torch.Tensor) -> Layout | None:
                 f"(a parameter of shape {tuple(p.shape)})"
             )
         mesh, i = p.device_mesh, sharded[0]
-        two_d = _layout_2d(p, mesh, i)
+        two_d = _layout_2d(p, mesh, i, place)
         if two_d is not None:
             return two_d
         ranges = chunk_ranges(p.shape[0], mesh.size(i))
         return Layout(tuple(p.shape), 0, ranges, mesh.get_local_rank(i), mesh.get_group(i))
-    info = getattr(p, "glm5_shard", None)
+    info = place.shard
     if info is None:
         return None
     n = info.full_shape[info.dim] // info.size

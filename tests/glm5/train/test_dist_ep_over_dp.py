@@ -39,7 +39,7 @@ def _worker(rank: int, world: int, out: str) -> None:
     loss = _objective(model, d.local_batch(_ids()))
     loss.backward()
     grads = {n: full(p.grad).contiguous() for n, p in model.named_parameters() if p.grad is not None}
-    experts = sorted(n for n, p in model.named_parameters() if getattr(p, "glm5_shard", None) is not None)
+    experts = sorted(n for n, _ in model.named_parameters() if n in model.glm5_plan)
     save_file({**grads, "__loss__": loss.detach().reshape(1)}, f"{out}/rank{rank}.safetensors")
     if rank == 0:
         with open(f"{out}/experts.json", "w") as f:

@@ -40,12 +40,12 @@ CFG = TrainConfig(
 )
 
 
-def _whole(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """The full tensor behind a rank's part `t` of parameter `p` (collectives: every rank calls it)."""
+def _whole(info, t: torch.Tensor) -> torch.Tensor:
+    """The full tensor behind a rank's part `t` of a parameter the plan split as `info` (None: whole)
+    (collectives: every rank calls it)."""
     from glm5.parallel.group import TorchGroup
 
     t = full(t)
-    info = getattr(p, "glm5_shard", None)
     return t if info is None else TorchGroup(info.group.group).all_gather(t.contiguous(), info.dim)
 
 
@@ -53,9 +53,8 @@ def _synthetic(shape, k: int) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(77 + k))
 
 
-def _part(p: torch.Tensor, g: torch.Tensor, dp_rank: int) -> torch.Tensor:
-    """Rank's part of a full tensor `g`, laid out as parameter `p` (plan slice, then FSDP's chunk)."""
-    info = getattr(p, "glm5_shard", None)
+def _part(p: torch.Tensor, info, g: torch.Tensor, dp_rank: int) -> torch.Tensor:
+    """Rank's part of a full tensor `g`, laid out as parameter `p` (plan slice `info`, then FSDP's chunk)."""
     if info is not None:
         g = g.narrow(info.dim, info.start, info.length)
     if not isinstance(p, DTensor):
@@ -81,16 +80,18 @@ def _worker(rank: int, world: int, out: str) -> None:
     loss = _objective(model, d.local_batch(ids))
     loss.backward()
     named = list(model.named_parameters())
-    grads = {n: _whole(p, p.grad) for n, p in named if p.grad is not None}
+    plan = model.glm5_plan
+    grads = {n: _whole(plan.get(n), p.grad) for n, p in named if p.grad is not None}
     losses = [torch.zeros(1) for _ in range(world)]
     dist.all_gather(losses, loss.detach().reshape(1))
     # DistributedMuon on synthetic full gradients, each rank given its part
     opts = d.optimizers(model, "muon-split", 1e-2, 0.1)
     muon = opts[0]
-    for k, (_, p) in enumerate(named):
-        p.grad = _part(p, _synthetic(_whole(p, p).shape, k), d.dp_rank) if p.requires_grad else None
+    for k, (n, p) in enumerate(named):
+        info = plan.get(n)
+        p.grad = _part(p, info, _synthetic(_whole(info, p).shape, k), d.dp_rank) if p.requires_grad else None
     muon.step()
-    after = {n: _whole(p, p.detach()) for n, p in named}
+    after = {n: _whole(plan.get(n), p.detach()) for n, p in named}
     planned = muon.planned_bytes()
     stats = {
         "sent": muon.last_step_bytes.sent,

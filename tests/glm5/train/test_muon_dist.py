@@ -4,7 +4,6 @@ bytes per rank equal the analytic figure; whole heads / experts move nothing; on
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ from torch import nn
 
 import glm5.train.muon as muon_mod
 from glm5.core.config import GLM5Config
+from glm5.parallel.layout import ParamLayout, ShardInfo
 from glm5.train.muon import Blocks, Muon, build_optimizers
 from glm5.train.muon_dist import DistributedMuon, build_distributed_optimizers
 from glm5.train.muon_figures import muon_bytes, muon_params
@@ -74,19 +74,6 @@ def test_bad_scheme_is_one_clear_error():
 
 
 # -- 2 ranks -------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class FakeShardInfo:
-    """The fields glm5.parallel.plan.ShardInfo carries (group None: the default process group)."""
-
-    kind: str
-    dim: int
-    rank: int
-    size: int
-    full_shape: tuple[int, ...]
-    unit: int = 1
-    group: object = None
-
-
 class Odd(nn.Module):
     """Shapes the tiny model lacks: 3 heads at 2 ranks (a head split: owner path), 5 rows (uneven
     shards, padded), 3 stacked experts (2 + 1, whole: local), one row (rank 1 holds nothing: local)."""
@@ -128,7 +115,7 @@ def _count_ns(counter: list[int]):
     return counted
 
 
-def _set_grads(step: int, ref_params, params, mesh, rank: int, world: int) -> None:
+def _set_grads(step: int, ref_params, params, mesh, rank: int, world: int, shards: dict) -> None:
     """The same random full gradient on the reference parameter and, sliced, on the shard."""
     from torch.distributed.tensor import DTensor, Shard
 
@@ -142,11 +129,11 @@ def _set_grads(step: int, ref_params, params, mesh, rank: int, world: int) -> No
                 local, mesh, [Shard(0)], run_check=False, shape=p.shape, stride=p.stride()
             )
         else:
-            info = p.glm5_shard
+            info = shards[p]
             p.grad = g.narrow(info.dim, info.rank * p.shape[info.dim], p.shape[info.dim]).clone()
 
 
-def _mismatches(ref_params, params, rank: int, world: int) -> list[str]:
+def _mismatches(ref_params, params, rank: int, world: int, shards: dict) -> list[str]:
     """Shards that differ from the slice of the reference parameter (bitwise)."""
     bad = []
     for k, (rp, p) in enumerate(zip(ref_params, params, strict=True)):
@@ -154,7 +141,7 @@ def _mismatches(ref_params, params, rank: int, world: int) -> list[str]:
             s, n = chunk_ranges(rp.shape[0], world)[rank]
             want, got = rp.detach().narrow(0, s, n), p.to_local()
         else:
-            info = p.glm5_shard
+            info = shards[p]
             want = rp.detach().narrow(info.dim, info.rank * p.shape[info.dim], p.shape[info.dim])
             got = p.detach()
         if not torch.equal(want, got):
@@ -214,12 +201,12 @@ def _ranks_fsdp_tp(rank: int, world: int, tmp: str) -> dict:
 
     model, opt = shard_model()
     odd = fully_shard(Odd(), mesh=mesh)
-    tp = {}
+    tp, shards = {}, {}
     for i, (n, (shape, _, kind, dim)) in enumerate(TP.items()):
         size = shape[dim] // world
         p = nn.Parameter(_grad(shape, 99, i).narrow(dim, rank * size, size).clone())
-        p.glm5_shard = FakeShardInfo(kind, dim, rank, world, shape)
         tp[n] = p
+        shards[p] = ShardInfo(kind, dim, rank, world, shape)  # group None: the default process group
     extra = DistributedMuon(
         [
             {
@@ -229,6 +216,7 @@ def _ranks_fsdp_tp(rank: int, world: int, tmp: str) -> dict:
         ],
         lr=LR,
         weight_decay=WD,
+        placements={p: ParamLayout(info) for p, info in shards.items()},
     )
     out: dict = {"steps": []}
 
@@ -248,7 +236,7 @@ def _ranks_fsdp_tp(rank: int, world: int, tmp: str) -> dict:
             assert all(torch.equal(before[k], _local(v)) for k, v in model.state_dict().items())
         lists = (opt.param_groups[0]["params"], extra.param_groups[0]["params"])
         for rl, pl in zip(ref_lists, lists, strict=True):
-            _set_grads(step, rl, pl, mesh, rank, world)
+            _set_grads(step, rl, pl, mesh, rank, world, shards)
         ns.clear()
         ref_opt.step()
         extra_ref.step()
@@ -260,8 +248,8 @@ def _ranks_fsdp_tp(rank: int, world: int, tmp: str) -> dict:
         extra.step()
         out["steps"].append(
             {
-                "bad": _mismatches(ref_lists[0], lists[0], rank, world)
-                + _mismatches(ref_lists[1], lists[1], rank, world),
+                "bad": _mismatches(ref_lists[0], lists[0], rank, world, shards)
+                + _mismatches(ref_lists[1], lists[1], rank, world, shards),
                 "ns_matrices": sum(ns),
                 "ns_calls": len(ns),
                 "bytes": opt.last_step_bytes,
@@ -284,10 +272,7 @@ def _plan_steps(rank: int, world: int) -> dict:
     ref = make_model(0)
     ref_opt = build_optimizers(ref, "muon-split", LR, WD)[0]
     model = make_model(0)
-    apply(model, tp=TorchGroup(), ep=TorchGroup())
-    for name, p in model.named_parameters():  # what Dist.shard marks: the group holds whole copies
-        if name not in model.glm5_plan:
-            p.glm5_replicas = TorchGroup()
+    plan = apply(model, tp=TorchGroup(), ep=TorchGroup())  # its copies: tp, which holds whole copies
     opt = build_distributed_optimizers(model, "muon-split", LR, WD)[0]
     names = {id(p): n for n, p in model.named_parameters()}
     ref_by_name = dict(ref.named_parameters())
@@ -299,12 +284,12 @@ def _plan_steps(rank: int, world: int) -> dict:
         for k, (rp, p) in enumerate(zip(ref_params, params, strict=True)):
             g = _grad(rp.shape, step, k)
             rp.grad = g
-            info = getattr(p, "glm5_shard", None)  # None: replicated, updated whole on every rank
+            info = plan.get(names[id(p)])  # None: whole, one owner orthogonalises, broadcast to the copies
             p.grad = g if info is None else g.narrow(info.dim, info.start, info.length).clone()
         ref_opt.step()
         opt.step()
         for rp, p in zip(ref_params, params, strict=True):
-            info = getattr(p, "glm5_shard", None)
+            info = plan.get(names[id(p)])
             want = rp.detach() if info is None else rp.detach().narrow(info.dim, info.start, info.length)
             if not torch.equal(want, p.detach()):
                 bad.append(f"step {step} {names[id(p)]}")
