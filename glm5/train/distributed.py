@@ -283,7 +283,10 @@ class Dist:
         return self._plan_mesh
 
     _plan_mesh: DeviceMesh | None = None
-    _layouts: dict = None  # parameter -> ParamLayout (glm5/parallel/layout.py), set by `shard`
+    _layouts: dict | None = None  # parameter -> ParamLayout (glm5/parallel/layout.py), set by `shard`
+
+    def _layout(self, p: torch.Tensor) -> layouts.ParamLayout:
+        return (self._layouts or {}).get(p, layouts.WHOLE)
 
     def sync_replicated_grads(self, params: list[torch.Tensor]) -> None:
         """The sums the backward leaves to the step: a copy whose gradient is partial over its group (its
@@ -294,7 +297,7 @@ class Dist:
         from glm5.parallel.group import TorchGroup
 
         for p in params:
-            part = self._layouts.get(p, layouts.WHOLE).partial
+            part = self._layout(p).partial
             if p.grad is not None and part is not None:
                 g = local(p.grad)
                 g.copy_(part.all_reduce(g))
@@ -302,7 +305,7 @@ class Dist:
             return
         group = TorchGroup(self.dp_group)
         for p in params:  # (a plan slice here is a rank's own experts, ep over dp: not a copy)
-            sliced = self._layouts.get(p, layouts.WHOLE).shard is not None
+            sliced = self._layout(p).shard is not None
             if p.grad is not None and not isinstance(p, DTensor) and not sliced:
                 p.grad.copy_(group.all_reduce(p.grad / self.mesh.dp))
 
@@ -329,7 +332,7 @@ class Dist:
             if p.grad is None:
                 continue
             g = local(p.grad)
-            sliced, fsdp = self._layouts.get(p, layouts.WHOLE).shard is not None, isinstance(p.grad, DTensor)
+            sliced, fsdp = self._layout(p).shard is not None, isinstance(p.grad, DTensor)
             key = ("world" if fsdp else "model") if sliced else ("dp" if fsdp else "once")
             sums[key] = sums.get(key, torch.zeros(())) + g.float().pow(2).sum()
             grads.append(g)

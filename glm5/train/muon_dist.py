@@ -108,7 +108,8 @@ class DistributedMuon(Muon):
     call `step` together. `scheme='owner'` sends every sharded matrix to its owner, whole heads and
     experts too (the split-unaware baseline the bench compares with). `ns_calls` / `ns_matrices` count
     Newton-Schulz calls and the matrices they orthogonalised on this rank (cumulative),
-    `last_step_bytes` the last step's Traffic.
+    `last_step_bytes` the last step's Traffic. `placements`: each parameter's ParamLayout
+    (glm5/parallel/layout.py `by_tensor`: the plan's slice or copies); a parameter not in it is whole.
     """
 
     def __init__(
