@@ -12,9 +12,10 @@ T / tp rows instead of on every token on every rank.
       residual add on the rows
       -> gather after the last main layer: [T, D] for the final norm, the MTP layer and the losses
 
-Per layer the two all-reduces of plain tensor parallel become two reduce-scatters and two all-gathers
-(glm5/parallel/plan.py's `_rowwise` with sp): the same bytes, the norms' and residual adds' work and
-activations divided by tp. The MTP layer (called through its own `predict`, not as a layer of the stack)
+Each all-reduce of plain tensor parallel becomes a reduce-scatter (glm5/parallel/plan.py's `_rowwise`
+with sp), and each norm's output is all-gathered: a dense layer moves the same bytes, an MoE layer (its
+routed and shared outputs reduced apart) one all-gather fewer; the norms' and residual adds' work and
+activations are divided by tp. The MTP layer (called through its own `predict`, not as a layer of the stack)
 runs without it.
 
 A norm's weight is a whole copy on every tp rank, but each rank's gradient of it comes from its own rows

@@ -1,5 +1,5 @@
-"""`glm5 train --nproc N --mesh dp=N|tp=N|ep=N|dp=D,tp=T|dp=N,ep=N`: training on N processes with
-torch.distributed.
+"""`glm5 train --nproc N --mesh dp=N|tp=N|ep=N|dp=D,tp=T|dp=N,ep=N|tp=N,sp=N`: training on N processes with
+torch.distributed (sp: sequence parallel for the norms over the tp ranks, glm5/parallel/sequence.py).
 
 - `launch` re-runs the command line (sys.argv) under torchrun's launcher (`elastic_launch`), one
   process per rank; a command already under torchrun (RANK / WORLD_SIZE set) runs as its rank.
