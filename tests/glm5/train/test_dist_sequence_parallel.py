@@ -3,7 +3,8 @@ plain tp=2 over the same batch: each decoder norm sees half the tokens, the loss
 ranks every sum over the group has two terms, so its order cannot matter, and a norm and a residual add
 are row-wise), every gradient follows within a tolerance (the norm weights' gradients are the sum of two
 half-token sums instead of one sum), the norm weights' gradients agree on both ranks once the trainer
-summed them (their Layout marks them partial), and the Trainer runs it; the refused meshes in one line."""
+summed them (their Layout marks them partial), and a 2-step Trainer run keeps every copy equal on both
+ranks; the refused meshes in one line."""
 
 from __future__ import annotations
 
@@ -62,8 +63,17 @@ def _worker(rank: int, world: int, out: str) -> None:
             meta = {"rows": rows[0], "partial": sorted(plan.partial), "same_on_ranks": same}
             with open(f"{out}/{name}.json", "w") as f:
                 json.dump(meta, f)
-    for name, mesh in (("tp", Mesh(tp=world)), ("sp", Mesh(tp=world, sp=world))):
-        Trainer(CFG, f"{out}/run-{name}", mesh=mesh).run(progress=False)
+    # the Trainer: 2 steps; every copy (the norms above all) must stay equal on both ranks
+    trainer = Trainer(CFG, f"{out}/run-sp", mesh=Mesh(tp=world, sp=world))
+    trainer.run(progress=False)
+    plan = trainer.model.glm5_plan
+    copies = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if n not in plan}
+    others = [None] * world
+    dist.all_gather_object(others, copies)
+    if rank == 0:
+        same = sorted(n for n, v in copies.items() if all(torch.equal(o[n], v) for o in others))
+        with open(f"{out}/run-sp.json", "w") as f:
+            json.dump({"copies": len(copies), "same": len(same), "norms": sorted(plan.partial)}, f)
 
 
 @pytest.fixture(scope="module")
@@ -90,16 +100,13 @@ def test_every_gradient_follows_plain_tp_and_the_norm_gradients_agree_on_both_ra
     assert json.loads((run / "sp.json").read_text())["same_on_ranks"]
 
 
-def test_the_trainer_runs_it_and_follows_plain_tp(run):
-    def records(name):
-        return [json.loads(ln) for ln in (run / f"run-{name}" / "metrics.jsonl").read_text().splitlines()]
-
-    tp, sp = records("tp"), records("sp")
-    assert len(tp) == len(sp) == CFG.steps
-    assert sp[0]["loss"] == tp[0]["loss"]  # the first step's forward: the same bits
-    for a, b in zip(sp, tp, strict=True):
-        for key in ("loss", "lm_loss", "grad_norm"):
-            assert abs(a[key] - b[key]) <= 1e-4 * abs(b[key]), (a["step"], key, a[key], b[key])
+def test_the_trainer_runs_it_and_every_copy_stays_equal_on_both_ranks(run):
+    records = [json.loads(ln) for ln in (run / "run-sp" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, CFG.steps + 1))
+    assert all(r["loss"] == r["loss"] and r["grad_norm"] > 0 for r in records)  # finite, trained
+    meta = json.loads((run / "run-sp.json").read_text())
+    # a norm gradient left unsummed would update each rank's copy with its own half of the tokens
+    assert meta["norms"] and meta["same"] == meta["copies"]
     assert (run / "run-sp" / "checkpoints" / "latest" / "model").is_dir()
 
 
