@@ -17,7 +17,7 @@ from torch import nn
 import backends
 from backends import Backend, SeqLayout
 from glm5.core.attention import MLAAttention, Step
-from glm5.core.cache import KVCache, StepSlots
+from glm5.core.cache import CacheFormat, KVCache, StepSlots
 from glm5.core.config import GLM5Config
 from glm5.core.layers import MLP, RMSNorm, rope_angles
 from glm5.core.moe import MoE
@@ -116,6 +116,8 @@ class GLM5ForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self._backend = backend if isinstance(backend, Backend) else backends.get(backend)
+        #: what the caches hold (`glm5.core.cache.CacheFormat`): "auto" (the model dtype) or "fp8_ds_mla"
+        self.kv_cache_dtype = "auto"
         self.model = GLM5Model(config, dtype)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
         if config.tie_word_embeddings:
@@ -213,7 +215,13 @@ class GLM5ForCausalLM(nn.Module):
             dtype=self.dtype,
             device=self.backend.device,
             mla_cache=self.backend.mla_cache,
+            cache_format=self.cache_format,
+            backend=self.backend,
         )
+
+    @property
+    def cache_format(self) -> CacheFormat:
+        return CacheFormat(self.kv_cache_dtype, self.config.kv_lora_rank)
 
     # -- forward ------------------------------------------------------------------------------------
     def begin_step(self, q_lens: list[int], cache: KVCache | None) -> Step:
@@ -226,7 +234,7 @@ class GLM5ForCausalLM(nn.Module):
         else:
             slots = cache.begin(q_lens)
         cos, sin = rope_angles(slots.positions, self.config.qk_rope_head_dim, self.config.rope_theta)
-        return Step(self.backend, slots, cos, sin, cache)
+        return Step(self.backend, slots, cos, sin, cache, self.cache_format)
 
     def forward(
         self,
