@@ -123,9 +123,8 @@ class Glm5BackendsForCausalLM(nn.Module):
             index_k.append(Glm5CacheLayer(f"{pre}.indexer.k_cache", *fmt.index, cc, True) if full else None)
         self.latent_caches = nn.ModuleList(latent)
         self.index_caches = nn.ModuleList([m for m in index_k if m is not None])
-        self.caches = FP8PagedCaches(
-            latent, index_k, self.backend
-        )  # its kinds pick the kernels (fp8_cache.py)
+        # FP8 caches are written quantized; their kind picks the backend's FP8 kernels (fp8_cache.py)
+        self.caches = FP8PagedCaches(latent, index_k, self.backend)
         self.first_cache = latent[0].prefix
         self.logprob_temperature = logprob_temperature() if os.environ.get(invariant.ENV) == "1" else None
         self.other_caches = [m.prefix for m in latent[1:]] + [m.prefix for m in index_k if m is not None]

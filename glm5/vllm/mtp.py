@@ -107,9 +107,8 @@ class Glm5BackendsMTP(nn.Module):
             latent.append(Glm5CacheLayer(f"{pre}.latent_cache", *fmt.latent, cc, False))
             index_k.append(Glm5CacheLayer(f"{pre}.indexer.k_cache", *fmt.index, cc, True))
         self.latent_caches, self.index_caches = nn.ModuleList(latent), nn.ModuleList(index_k)
-        self.caches = FP8PagedCaches(
-            latent, index_k, self.backend
-        )  # its kinds pick the kernels (fp8_cache.py)
+        # FP8 caches are written quantized; their kind picks the backend's FP8 kernels (fp8_cache.py)
+        self.caches = FP8PagedCaches(latent, index_k, self.backend)
         self.cache_names = [m.prefix for m in latent + index_k]
 
     def _split(self, glm: GLM5ForCausalLM) -> GLM5ForCausalLM:
