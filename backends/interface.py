@@ -274,15 +274,18 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
                 # nothing is tracing and no gradient is wanted: the custom op would only add its Python
                 # dispatch cost (about 15 us a call) to the same implementation
                 return library.as_asked(op, args, self.run(op, args))
-            if cache_kind(args) == "pools":  # two tensors where the op's schema has one: no custom op
-                raise NotSupported(
-                    [
-                        f"{op} reads split pools eagerly only (not traced, compiled or under a dispatch "
-                        "mode); there, pass the one-tensor cache"
-                    ],
-                    backend=self.name,
-                    op=op,
-                )
+            if cache_kind(args) == "pools":  # two tensors where the op's custom op takes one cache tensor
+                if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+                    raise NotSupported(
+                        [
+                            f"{op} on split pools cannot be compiled or exported (no custom op takes two "
+                            "cache tensors); pass the one-tensor cache there"
+                        ],
+                        backend=self.name,
+                        op=op,
+                    )
+                # under a dispatch or function mode: the implementation itself, whose ops the mode sees
+                return library.as_asked(op, args, self.run(op, args))
         if wants_grad and impl.backward is not None and impl.backward_forces:
             # what the explicit backward reads (lse) is made by this forward, whatever the caller asked
             return library.as_asked(op, args, library.call(self.key, op, {**args, **impl.backward_forces}))

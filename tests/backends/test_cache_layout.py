@@ -67,9 +67,10 @@ def test_reference_reads_split_pools_as_the_one_tensor(return_lse):
         assert torch.equal(got[1], want[1])
 
 
-def test_split_pools_have_no_custom_op_and_refuse_where_one_is_needed():
-    """One op per contract op: split pools (two tensors, inference only) are read eagerly; under a dispatch
-    mode (tracing, export) the call is refused in one line, never copied into one tensor."""
+def test_split_pools_have_no_custom_op_and_refuse_where_one_is_needed(monkeypatch):
+    """One op per contract op: split pools (two tensors, inference only) are read by the implementation
+    itself, also under a dispatch mode (which sees its ops); compiling or exporting such a call is refused
+    in one line, never served by copying the pools into one tensor."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Passthrough(TorchDispatchMode):
@@ -79,11 +80,13 @@ def test_split_pools_have_no_custom_op_and_refuse_where_one_is_needed():
     ref = backends.get("reference")
     q, kv, idx, lay = _inputs()
     assert set(library.CUSTOM_OPS) == set(backends.ops.OPS)  # no hand-made op beside the declared ones
-    with Passthrough(), pytest.raises(NotSupported, match="reads split pools eagerly only"):
-        ref.sparse_mla_attention(q, _pools(kv), idx, lay, 0.1, C)
-    with Passthrough():  # the one-tensor cache takes the custom op there
+    with Passthrough():  # the one-tensor cache takes the custom op there, the pools the implementation
         want = ref.sparse_mla_attention(q, kv, idx, lay, 0.1, C)[0]
+        assert torch.equal(ref.sparse_mla_attention(q, _pools(kv), idx, lay, 0.1, C)[0], want)
     assert torch.equal(ref.sparse_mla_attention(q, _pools(kv), idx, lay, 0.1, C)[0], want)
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)  # what torch.export sets while tracing
+    with pytest.raises(NotSupported, match="on split pools cannot be compiled or exported"):
+        ref.sparse_mla_attention(q, _pools(kv), idx, lay, 0.1, C)
 
 
 @pytest.mark.parametrize(
