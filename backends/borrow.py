@@ -139,4 +139,5 @@ def borrowed_impl(ledger: BorrowLedger, op: str, device: str) -> OpImpl:
         reference.caps,
         backward=backward if has_backward else None,
         backward_forces=reference.backward_forces,
+        kinds=reference.kinds,  # a cache kind's own caps; `fn` (the reference's entry) picks its kernel
     )

@@ -148,12 +148,27 @@ def write_rows(cache: MLACache, rows: torch.Tensor, values: torch.Tensor) -> Non
     cache.view(-1, cache.shape[-1]).index_copy_(0, rows, values.to(cache.dtype))
 
 
+#: FP8 rows (uint8): FlashMLA's 656-byte latent rows, or the FP8 indexer cache (keys e4m3 + fp32 scales)
+FP8_KINDS = ("fp8_ragged", "fp8_paged")
+#: the arguments a cache is passed in (sparse attention's latent cache, the indexer's key cache)
+CACHE_ARGS = ("kv_cache", "k_cache")
+
+
 def cache_kind(args: dict) -> str | None:
-    """The cache layout of an attention-like op's arguments: "ragged", "paged", "pools" (None: no layout)."""
-    if any(isinstance(v, MLAPools) for v in args.values()):
-        return "pools"
+    """The cache kind of an attention-like op's arguments (None: no layout): "ragged" / "paged" (one
+    tensor of the op's dtype), "pools" (split pools, `MLAPools`), "fp8_ragged" / "fp8_paged" (a uint8
+    cache of FP8 rows, SPEC 7.8)."""
     layout = args.get("layout")
-    return getattr(layout, "kind", None)
+    kind = getattr(layout, "kind", None)
+    if kind is None:
+        return None
+    for name in CACHE_ARGS:
+        cache = args.get(name)
+        if isinstance(cache, MLAPools):
+            return "pools"
+        if cache is not None and cache.dtype == torch.uint8:
+            return f"fp8_{kind}"
+    return kind
 
 
 def arg_tensors(args: dict) -> list[torch.Tensor]:

@@ -8,16 +8,19 @@ suite generates cases from the same declarations and checks the claims both ways
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from backends.cache_layout import FP8_KINDS, cache_kind
 from backends.limits import Limit
 
 TIE_RULES = ("lower_index", "none")
-#: cache layouts an attention-like op may serve: one tensor ragged or paged, or paged as split pools
-#: (`backends.cache_layout.MLAPools`, sparse_mla_attention only)
-CACHE_KINDS = ("ragged", "paged", "pools")
+#: cache kinds an attention-like op may serve (`backends.cache_layout.cache_kind`): one tensor ragged or
+#: paged, paged as split pools (`MLAPools`, sparse_mla_attention only), or FP8 rows ragged or paged (uint8:
+#: FlashMLA's 656-byte latent rows, or the FP8 indexer cache; SPEC 7.8)
+CACHE_KINDS = ("ragged", "paged", "pools", *FP8_KINDS)
 
 
 @dataclass(frozen=True)
@@ -25,8 +28,8 @@ class OpCaps:
     """What one backend promises for one op.
 
     dtypes: values of the op's dtype axis it serves (e.g. "float32", "bfloat16"; "w8a8" for grouped_matmul).
-    layouts: cache layouts served by attention-like ops ("ragged", "paged", "pools": a paged latent cache
-      as split pools, backends.cache_layout); empty for other ops.
+    layouts: cache kinds served by attention-like ops ("ragged", "paged", "pools": a paged latent cache
+      as split pools, "fp8_ragged" / "fp8_paged": FP8 rows; backends.cache_layout); empty for other ops.
     limits: typed bounds on measurable quantities (`backends.limits.Limit`): enforced by the front door
       with their reasons, and tested at and just past each bound by the conformance suite.
     notes: free-text facts shown in reports that are not bounds (a route taken, a precision note). A
@@ -106,10 +109,37 @@ class OpImpl:
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     backward: Callable[[dict[str, Any], tuple, tuple], tuple] | None = None
     backward_forces: dict[str, Any] | None = None
+    #: cache kind -> what serves a cache of that kind when it is not `fn` itself (its own caps: dtypes,
+    #: limits, no backward): FP8 rows read by the backend's FP8 kernel. Built by `by_kind`, whose `fn`
+    #: picks the kind's; the kinds are added to `caps.layouts`.
+    kinds: Mapping[str, OpImpl] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        extra = tuple(k for k in self.kinds if k not in self.caps.layouts)
+        if extra:
+            object.__setattr__(self, "caps", replace(self.caps, layouts=self.caps.layouts + extra))
         if self.caps.differentiable and self.backward is None:
             raise ValueError(
                 "backward: an op whose caps claim differentiable declares its backward "
                 "(OpImpl.backward(args, outputs, grad_outputs) -> one gradient per grad argument)"
             )
+
+    def caps_for(self, kind: str | None) -> OpCaps:
+        """The caps that answer for a cache of `kind` (the kind's own where it has one)."""
+        impl = self.kinds.get(kind) if self.kinds else None
+        return self.caps if impl is None else impl.caps
+
+
+def by_kind(base: OpImpl, kinds: Mapping[str, OpImpl]) -> OpImpl:
+    """`base`, with the cache kinds in `kinds` served by their own implementation: the one entry of an op
+    whose cache kind picks the kernel (FlashMLA's `is_fp8_kvcache`, vLLM's `kv_cache_dtype`). The choice
+    is made from the arguments (`cache_kind`), so a shadow check or a borrowed call of the reference's
+    entry picks the same way."""
+    kinds = dict(kinds)
+
+    @functools.wraps(base.fn)
+    def fn(**args: Any) -> Any:
+        impl = kinds.get(cache_kind(args))
+        return (base if impl is None else impl).fn(**args)
+
+    return replace(base, fn=fn, kinds=kinds)

@@ -161,14 +161,14 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
         impl = self.impl(op)
         if impl is None:
             return [f"op {op!r} is not implemented by backend {self.name!r}"]
-        caps, spec = impl.caps, OPS[op]
+        kind = cache_kind(dict(args))
+        caps, spec = impl.caps_for(kind), OPS[op]  # a cache kind with its own kernel answers for itself
         out: list[str] = []
         dt = spec.dtype_of(dict(args))
         if dt not in caps.dtypes:
             out.append(f"dtype {dt} not in supported {list(caps.dtypes)}")
-        kind = cache_kind(dict(args))
-        if kind is not None and kind not in caps.layouts:
-            out.append(f"{kind} cache layout not in supported {list(caps.layouts)}")
+        if kind is not None and kind not in impl.caps.layouts:
+            out.append(f"{kind} cache layout not in supported {list(impl.caps.layouts)}")
         out.extend([] if placed else self._device_reasons(args))
         if not out:
             out.extend(caps.limit_reasons(op, dict(args), dt))
@@ -253,9 +253,10 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
         wants_grad = torch.is_grad_enabled() and any(
             isinstance(args[n], torch.Tensor) and args[n].requires_grad for n in spec.grad_args
         )
-        if wants_grad and cache_kind(args) == "pools":
+        kind = cache_kind(args) if wants_grad else None
+        if kind in ("pools", "fp8_ragged", "fp8_paged"):
             raise NotSupported(
-                [f"{op} on split pools is inference only (no backward; call it under no_grad)"],
+                [f"{op} on a {kind} cache is inference only (no backward; call it under no_grad)"],
                 backend=self.name,
                 op=op,
             )
@@ -272,6 +273,18 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
             if _plain_eager(args):
                 # nothing is tracing and no gradient is wanted: the custom op would only add its Python
                 # dispatch cost (about 15 us a call) to the same implementation
+                return library.as_asked(op, args, self.run(op, args))
+            if cache_kind(args) == "pools":  # two tensors where the op's custom op takes one cache tensor
+                if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+                    raise NotSupported(
+                        [
+                            f"{op} on split pools cannot be compiled or exported (no custom op takes two "
+                            "cache tensors); pass the one-tensor cache there"
+                        ],
+                        backend=self.name,
+                        op=op,
+                    )
+                # under a dispatch or function mode: the implementation itself, whose ops the mode sees
                 return library.as_asked(op, args, self.run(op, args))
         if wants_grad and impl.backward is not None and impl.backward_forces:
             # what the explicit backward reads (lse) is made by this forward, whatever the caller asked

@@ -7,8 +7,9 @@ backend instance named by the op's last argument (`Backend.key`), so one registr
 backend, built-in or plugin.
 
 Every op, its fake, its autograd and its `<op>_backward` op are generated from the op's declaration
-(backends/decls/<op>.py, by backends/decl_torch.py). Hand-made here: `sparse_mla_attention_pools`, the
-same op on a split-pool cache (backends/cache_layout.py; inference only).
+(backends/decls/<op>.py, by backends/decl_torch.py). Every cache kind takes the same op: one tensor
+(float rows, or FP8 rows whose kind picks the backend's FP8 kernel); split pools, an inference cache of
+two tensors, never reach a custom op (backends/interface.py: the implementation serves them directly).
 
 Semantics of every op: backends/reference/<op>.py (docs/spec.md sections 2 and 7).
 """
@@ -17,48 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import Tensor
-
-from backends.cache_layout import MLAPools
-from backends.custom_op import _lib_op, _run
 from backends.decl_torch import register
 from backends.decls import DECLS
 
 #: op name -> the custom op (torch.ops.glm5.<op>)
 CUSTOM_OPS = {name: register(d) for name, d in DECLS.items()}
-
-_ATTENTION = DECLS["sparse_mla_attention"]
-
-
-@_lib_op("sparse_mla_attention_pools")
-def sparse_mla_attention_pools(
-    q: Tensor,
-    kv_latent: Tensor,
-    kv_rope: Tensor,
-    indices: Tensor,
-    cu_seqlens_q: Tensor,
-    seqlens_k: Tensor,
-    cu_seqlens_k: Tensor | None,
-    block_table: Tensor | None,
-    max_seqlen_k: int,
-    sm_scale: float,
-    d_v: int,
-    return_lse: bool,
-    backend: str,
-) -> tuple[Tensor, Tensor]:
-    """sparse_mla_attention on a split-pool cache (lse: empty [0] float32 when return_lse is False)."""
-    flat = (q, kv_latent, indices, cu_seqlens_q, seqlens_k, cu_seqlens_k, block_table, max_seqlen_k)
-    args = _ATTENTION.unflatten((*flat, sm_scale, d_v, return_lse))
-    out, lse = _run(backend, "sparse_mla_attention", {**args, "kv_cache": MLAPools(kv_latent, kv_rope)})
-    none = lse is None or not return_lse
-    return out, q.new_empty((0,), dtype=torch.float32) if none else lse
-
-
-@sparse_mla_attention_pools.register_fake
-def _(q, kv_latent, kv_rope, indices, cu_q, sk, cu_k, bt, max_k, sm_scale, d_v, return_lse, backend):
-    t, h, _ = q.shape
-    return q.new_empty((t, h, d_v)), q.new_empty((t, h) if return_lse else (0,), dtype=torch.float32)
 
 
 def custom_op_args(op: str, args: dict[str, Any], key: str) -> tuple:
@@ -74,11 +38,7 @@ def named_args(op: str, flat: tuple) -> dict[str, Any]:
 
 
 def call(key: str, op: str, args: dict[str, Any]) -> Any:
-    """Call op's custom op with the interface's named arguments (a split-pool cache: its own op)."""
-    pools = args.get("kv_cache")
-    if op == "sparse_mla_attention" and isinstance(pools, MLAPools):
-        flat = custom_op_args(op, {**args, "kv_cache": pools.latent}, key)
-        return as_asked(op, args, sparse_mla_attention_pools(flat[0], pools.latent, pools.rope, *flat[2:]))
+    """Call op's custom op with the interface's named arguments."""
     return as_asked(op, args, CUSTOM_OPS[op](*custom_op_args(op, args, key)))
 
 

@@ -63,17 +63,27 @@ def check_heads(q: torch.Tensor) -> None:
 # -- one checker per op (SPEC 2.x) --------------------------------------------------------------
 
 
+#: the bytes of a key of the FP8 indexer cache past its D_I e4m3 values (one fp32 scale; SPEC 7.8)
+INDEX_SCALE_BYTES = 4
+#: FlashMLA's FP8 latent row (SPEC 7.6): q [T, H, 576], d_v 512, 656 bytes a row
+MLA_D_QK, MLA_D_V, MLA_ROW_BYTES = 576, 512, 656
+
+
 def check_indexer_logits(q, k_cache, weights, layout) -> None:
     check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
     t, h_i, d_i = q.shape
     check_heads(q)
     check_tensor("k_cache", k_cache, ndim=(2, 3))
-    if k_cache.dtype != q.dtype:
-        fail("k_cache", f"dtype {q.dtype} (as q)", k_cache.dtype)
+    fp8 = k_cache.dtype == torch.uint8  # the FP8 indexer cache: D_I e4m3 bytes + a scale per key
+    if not fp8 and k_cache.dtype != q.dtype:
+        fail("k_cache", f"dtype {q.dtype} (as q) or uint8 (FP8 rows)", k_cache.dtype)
     check_tensor("weights", weights, dtype=torch.float32, shape=(t, h_i))
     check_same_device(q=q, k_cache=k_cache, weights=weights)
     _check_layout(layout, t, k_cache, "k_cache")
-    _check_cache("k_cache", k_cache, layout, d_i, q.dtype)
+    if fp8:
+        _check_cache("k_cache", k_cache, layout, d_i + INDEX_SCALE_BYTES, torch.uint8)
+    else:
+        _check_cache("k_cache", k_cache, layout, d_i, q.dtype)
 
 
 def values_indexer_logits(q, k_cache, weights, layout) -> None:
@@ -136,10 +146,13 @@ def check_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, retu
     check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
     t, _, d_qk = q.shape
     pools = isinstance(kv_cache, MLAPools)
+    fp8 = not pools and isinstance(kv_cache, torch.Tensor) and kv_cache.dtype == torch.uint8
     if not pools:
         check_tensor("kv_cache", kv_cache, ndim=(2, 3))
-        if kv_cache.dtype != q.dtype:
-            fail("kv_cache", f"dtype {q.dtype} (as q)", kv_cache.dtype)
+        if not fp8 and kv_cache.dtype != q.dtype:
+            fail("kv_cache", f"dtype {q.dtype} (as q) or uint8 (FP8 rows)", kv_cache.dtype)
+    if fp8 and d_qk != MLA_D_QK:  # FlashMLA's 656-byte rows hold 512 latent + 64 RoPE
+        fail("q", f"shape [T, H, {MLA_D_QK}] (a kv_cache of FP8 rows)", f"shape {_shape(q)}")
     check_tensor("indices", indices, dtype=torch.int32, ndim=2)
     if indices.shape[0] != t:
         fail("indices", f"shape [T={t}, topk]", f"shape {_shape(indices)}")
@@ -151,7 +164,8 @@ def check_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, retu
     else:
         check_same_device(q=q, kv_cache=kv_cache, indices=indices)
         _check_layout(layout, t, kv_cache, "kv_cache")
-        _check_cache("kv_cache", kv_cache, layout, d_qk, q.dtype)
+        width, dtype = (MLA_ROW_BYTES, torch.uint8) if fp8 else (d_qk, q.dtype)
+        _check_cache("kv_cache", kv_cache, layout, width, dtype)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not (sm_scale == sm_scale):
         fail("sm_scale", "a finite float", sm_scale)
     if abs(float(sm_scale)) == float("inf"):
@@ -159,6 +173,8 @@ def check_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, retu
     check_int("d_v", d_v, min_value=1)
     if d_v > d_qk:
         fail("d_v", f"<= d_qk ({d_qk})", d_v)
+    if fp8 and d_v != MLA_D_V:
+        fail("d_v", f"{MLA_D_V} (the latent width of a kv_cache of FP8 rows)", d_v)
     if not isinstance(return_lse, bool):
         fail("return_lse", "a bool", type(return_lse).__name__)
 

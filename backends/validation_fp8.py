@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from backends.validation import (
+from backends.validation import (  # noqa: F401  (MLA_*: the FlashMLA row's widths, re-exported)
     FLOAT_DTYPES,
+    MLA_D_QK,
+    MLA_D_V,
+    MLA_ROW_BYTES,
     _check_cache,
     _check_layout,
     _check_topk_width,
@@ -22,9 +25,6 @@ from backends.validation import (
 
 E4M3 = torch.float8_e4m3fn
 BLOCK = 128
-MLA_ROW_BYTES = 656
-MLA_D_QK = 576
-MLA_D_V = 512
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -67,8 +67,8 @@ def _mentions(text: str, ops: list[str]) -> set[str]:
     for op in ops:
         quoted = rf"[\"'/]{op}[\"'.]"
         prefix = r"(?<![A-Za-z0-9_])(?:(?:check|values|unchecked|call)_)?"
-        fn = rf"{prefix}{op}(?:_backward|_pools)?(?:\(|\.register)"
-        defined = rf"def (?:(?:check|values|unchecked)_)?{op}(?:_backward|_pools)?\b"
+        fn = rf"{prefix}{op}(?:_backward)?(?:\(|\.register)"
+        defined = rf"def (?:(?:check|values|unchecked)_)?{op}(?:_backward)?\b"
         if re.search(quoted, text) or re.search(fn, text) or re.search(defined, text):
             out.add(op)
     return out

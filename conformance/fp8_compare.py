@@ -9,14 +9,20 @@ fp8_gemm         fp8_block_matmul / fp8_grouped_matmul: |a - r| <= ulps * ulp_ou
                  a backend states in its manifest.
 fp8_indexer_topk the strict tie rule (or a declared near-tie tolerance) on the reference FP8 logits, as
                  `indexer_topk_indices` does for the float indexer.
+fp8_cache_indexer_topk  indexer_topk on the FP8 indexer cache (SPEC 7.8): fp8_indexer_topk's check on the
+                 e4m3 inputs the backend makes (q quantized as the contract does, keys and scales read
+                 from the cache).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from backends.formats import index_cache_views
+from backends.reference.fp8_indexer_logits import quantize_index_queries
 from conformance.compare import Check, Context, _header, _worst, close, exact, ulp_of
 from conformance.topk_contract import _near_ties, _strict, _weak
 
@@ -106,4 +112,17 @@ def fp8_indexer_topk(name: str, a: Any, r: torch.Tensor, ctx: Context, **params:
     return _weak(name, a.detach().cpu(), r, logits, limit)
 
 
-COMPARATORS = {"fp8_exact": fp8_exact, "fp8_gemm": fp8_gemm, "fp8_indexer_topk": fp8_indexer_topk}
+def fp8_cache_indexer_topk(name: str, a: Any, r: torch.Tensor, ctx: Context, **params: float) -> Check:
+    args = ctx.args
+    keys, scales = index_cache_views(args["k_cache"])
+    q8, w8 = quantize_index_queries(args["q"], args["weights"])
+    fp8_args = dict(args, q=q8, k_cache=keys, k_scale=scales, weights=w8)
+    return fp8_indexer_topk(name, a, r, replace(ctx, args=fp8_args), **params)
+
+
+COMPARATORS = {
+    "fp8_exact": fp8_exact,
+    "fp8_gemm": fp8_gemm,
+    "fp8_indexer_topk": fp8_indexer_topk,
+    "fp8_cache_indexer_topk": fp8_cache_indexer_topk,
+}

@@ -144,13 +144,14 @@ class Runner:
 
     # -- claimed / unclaimed -----------------------------------------------------------------------
     def _claimed(self, op: str, dtype: str, args: dict[str, Any]) -> tuple[bool, str]:
-        caps = self.backend.capabilities(op)
-        if caps is None:
+        impl = self.backend.impl(op)
+        if impl is None:
             return False, "op not implemented"
+        kind = cache_kind(dict(args))
+        caps = impl.caps_for(kind)  # a cache kind with its own kernel claims for itself (FP8 rows)
         if dtype not in caps.dtypes:
             return False, f"dtype {dtype} not claimed"
-        kind = cache_kind(dict(args))
-        if kind is not None and kind not in caps.layouts:
+        if kind is not None and kind not in impl.caps.layouts:
             return False, f"{kind} layout not claimed"
         limits = caps.limit_reasons(op, dict(args), dtype)
         if not limits and caps.check is not None:

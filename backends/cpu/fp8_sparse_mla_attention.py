@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
+from backends.cpu._attention import query_blocks, softmax_values
 from backends.cpu._cache import flat
 from backends.cpu._fp8 import decode
 from backends.cpu._parallel import run_blocks
 from backends.cpu._workspace import buffer
-from backends.cpu.sparse_mla_attention import query_blocks, softmax_values
 from backends.formats import BLOCK
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
@@ -77,5 +78,5 @@ def fp8_sparse_mla_attention(
 
 IMPL = OpImpl(
     fp8_sparse_mla_attention,
-    OpCaps(FLOATS, ("ragged", "paged"), run_to_run=True, batch_invariant=True),
+    OpCaps(FLOATS, FP8_KINDS, run_to_run=True, batch_invariant=True),
 )

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import torch
 
-from backends.caps import OpCaps, OpImpl
+from backends.cache_layout import FP8_KINDS
+from backends.caps import OpCaps, OpImpl, by_kind
 from backends.cpu._cache import causal_counts, keys_of_request
 from backends.cpu._parallel import run_blocks
 from backends.cpu._select import order_key, rule_order
 from backends.cpu._workspace import buffer
+from backends.cpu.fp8_indexer_topk import IMPL as FP8_TOPK
 from backends.cpu.topk import topk as select_topk
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
+from backends.reference.fp8_indexer_logits import on_fp8_index_cache
 from backends.reference.indexer_logits import score_block
 
 # The reference's blocking: scores are computed on exactly these shapes, so they are its bits.
@@ -190,15 +193,18 @@ def indexer_topk(
     return out
 
 
-IMPL = OpImpl(
-    indexer_topk,
-    OpCaps(
-        FLOATS,
-        ("ragged", "paged"),
-        notes={"logits": "the reference's score_block on its blocks (the same call: bitwise on any CPU)"},
-        run_to_run=True,
-        batch_invariant=True,
-        tie_rule="lower_index",
-        layout_invariant=True,  # its logits are score_block's, exact in the mode
+IMPL = by_kind(
+    OpImpl(
+        indexer_topk,
+        OpCaps(
+            FLOATS,
+            ("ragged", "paged"),
+            notes={"logits": "the reference's score_block on its blocks (the same call: bitwise on any CPU)"},
+            run_to_run=True,
+            batch_invariant=True,
+            tie_rule="lower_index",
+            layout_invariant=True,  # its logits are score_block's, exact in the mode
+        ),
     ),
+    dict.fromkeys(FP8_KINDS, on_fp8_index_cache(FP8_TOPK)),  # the FP8 indexer cache (SPEC 7.8)
 )

@@ -19,45 +19,18 @@ from __future__ import annotations
 import torch
 
 from backends import invariant
-from backends.caps import OpCaps, OpImpl
-from backends.cpu._cache import flat, rows_of
+from backends.cache_layout import FP8_KINDS
+from backends.caps import OpCaps, OpImpl, by_kind
+from backends.cpu._attention import query_blocks, softmax_values
+from backends.cpu._cache import flat
 from backends.cpu._parallel import run_blocks
 from backends.cpu._workspace import buffer
+from backends.cpu.fp8_sparse_mla_attention import IMPL as FP8_ATTENTION
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
 
 # Bound the gathered [tq, topk, d_qk] keys (elements): 4M fp32 = 16 MiB, a few queries at topk 2048.
 GATHER_ELEMS = 1 << 22
-
-
-def query_blocks(layout: SeqLayout, indices: torch.Tensor, cache: torch.Tensor, step: int):
-    """(a, z, rows, valid) for every block of at most `step` queries [a, z) of a request with keys:
-    the physical cache rows its indices name [z - a, topk] (int64, clamped into range) and which of them
-    are valid (not -1, inside the request)."""
-    if indices.shape[1] == 0:
-        return
-    for b, (q0, q1, s) in enumerate(layout.request_bounds()):
-        if q1 == q0 or s == 0:
-            continue
-        for a in range(q0, q1, step):
-            z = min(a + step, q1)
-            idx = indices[a:z].to(torch.int64)
-            yield a, z, rows_of(layout, b, idx.clamp(0, s - 1), cache), (idx >= 0) & (idx < s)
-
-
-def softmax_values(p: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, d_v: int):
-    """Scores p [tq, H, n] (overwritten) and the gathered keys [tq, n, d_qk] (invalid rows zero) ->
-    (out [tq, H, d_v] fp32, lse [tq, H]): softmax in place, then probabilities x values."""
-    full = bool(valid.all())
-    if not full:
-        p.masked_fill_(~valid[:, None, :], float("-inf"))
-    m = p.amax(dim=-1, keepdim=True)
-    m.masked_fill_(torch.isneginf(m), 0)
-    p.sub_(m).exp_()
-    total = p.sum(dim=-1)  # >= 1 (the maximum contributes exp(0)) unless the row is empty: 0
-    lse = total.log().add_(m[..., 0])
-    out = torch.bmm(p, keys[..., :d_v])
-    return out.div_(total.clamp_min_(1)[..., None]), lse
 
 
 def exact_attention(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, d_v: int, sm_scale: float):
@@ -168,16 +141,19 @@ def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Ten
     return dq.to(q.dtype), dkv.view(kv_cache.shape).to(kv_cache.dtype)
 
 
-IMPL = OpImpl(
-    sparse_mla_attention,
-    OpCaps(
-        FLOATS,
-        ("ragged", "paged"),
-        run_to_run=True,
-        batch_invariant=True,
-        differentiable=True,
-        layout_invariant=True,
+IMPL = by_kind(
+    OpImpl(
+        sparse_mla_attention,
+        OpCaps(
+            FLOATS,
+            ("ragged", "paged"),
+            run_to_run=True,
+            batch_invariant=True,
+            differentiable=True,
+            layout_invariant=True,
+        ),
+        backward=backward,
+        backward_forces={"return_lse": True},
     ),
-    backward=backward,
-    backward_forces={"return_lse": True},
+    dict.fromkeys(FP8_KINDS, FP8_ATTENTION),  # FlashMLA's 656-byte rows (SPEC 7.8)
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
 from backends.layout import SeqLayout
 from backends.limits import Limit
@@ -42,5 +43,5 @@ def fp8_sparse_mla_attention(
 
 IMPL = OpImpl(
     fp8_sparse_mla_attention,
-    OpCaps(("float32", "bfloat16"), ("ragged", "paged"), limits=(HEADS_LIMIT,)),
+    OpCaps(("float32", "bfloat16"), FP8_KINDS, limits=(HEADS_LIMIT,)),
 )

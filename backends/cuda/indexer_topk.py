@@ -7,11 +7,14 @@ from typing import Any
 
 import torch
 
-from backends.caps import OpCaps, OpImpl
+from backends.cache_layout import FP8_KINDS
+from backends.caps import OpCaps, OpImpl, by_kind
 from backends.cuda import _indexer
+from backends.cuda.fp8_indexer_topk import IMPL as FP8_TOPK
 from backends.layout import SeqLayout
 from backends.limits import Limit
 from backends.ops import FLOATS
+from backends.reference.fp8_indexer_logits import on_fp8_index_cache
 from kernels_cuda.indexer_topk import MAX_TOPK
 from kernels_cuda.indexer_topk import indexer_topk as _kernel
 
@@ -30,16 +33,23 @@ def indexer_topk(
     return _kernel(q, k_cache, weights, topk=topk, **_indexer.layout_args(layout))
 
 
-IMPL = OpImpl(
-    indexer_topk,
-    OpCaps(
-        FLOATS,
-        ("ragged", "paged"),
-        limits=_indexer.LIMITS
-        + (Limit("topk", max=MAX_TOPK, reason="the final sort keeps topk pairs per query in one program"),),
-        check=_check,
-        run_to_run=True,
-        batch_invariant=True,
-        tie_rule="lower_index",
+IMPL = by_kind(
+    OpImpl(
+        indexer_topk,
+        OpCaps(
+            FLOATS,
+            ("ragged", "paged"),
+            limits=_indexer.LIMITS
+            + (
+                Limit(
+                    "topk", max=MAX_TOPK, reason="the final sort keeps topk pairs per query in one program"
+                ),
+            ),
+            check=_check,
+            run_to_run=True,
+            batch_invariant=True,
+            tie_rule="lower_index",
+        ),
     ),
+    dict.fromkeys(FP8_KINDS, on_fp8_index_cache(FP8_TOPK)),  # the FP8 indexer cache (SPEC 7.8)
 )

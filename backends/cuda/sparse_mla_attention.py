@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-from backends.caps import OpCaps, OpImpl
+from backends.cache_layout import FP8_KINDS
+from backends.caps import OpCaps, OpImpl, by_kind
+from backends.cuda.fp8_sparse_mla_attention import IMPL as FP8_ATTENTION
 from backends.layout import SeqLayout
 from backends.limits import Limit
 from backends.ops import FLOATS
@@ -76,17 +78,20 @@ def sparse_mla_attention(
     return out, (lse if return_lse else None)
 
 
-IMPL = OpImpl(
-    sparse_mla_attention,
-    OpCaps(
-        FLOATS,
-        ("ragged", "paged"),
-        limits=LIMITS,
-        notes=NOTES,
-        run_to_run=True,
-        batch_invariant=True,
-        differentiable=True,
+IMPL = by_kind(
+    OpImpl(
+        sparse_mla_attention,
+        OpCaps(
+            FLOATS,
+            ("ragged", "paged"),
+            limits=LIMITS,
+            notes=NOTES,
+            run_to_run=True,
+            batch_invariant=True,
+            differentiable=True,
+        ),
+        backward=backward,
+        backward_forces={"return_lse": True},
     ),
-    backward=backward,
-    backward_forces={"return_lse": True},
+    dict.fromkeys(FP8_KINDS, FP8_ATTENTION),  # FlashMLA's 656-byte rows (SPEC 7.8)
 )

@@ -99,3 +99,62 @@ def mla_dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
     s = sc.bfloat16().float().repeat_interleave(BLOCK, dim=-1)
     latent = (lat.float() * s).bfloat16()  # one product of <= 12 significant bits, rounded once
     return torch.cat([latent, rope], dim=-1)
+
+
+def mla_simulated_rows(kv: torch.Tensor, d_v: int) -> torch.Tensor:
+    """The 656-byte row's numerics at any width, as values of kv's dtype (for models whose widths are not
+    GLM-5's 512 + 64, which the row cannot hold): kv[..., :d_v] in tiles of min(128, d_v) cast to e4m3 with
+    scale 2^ceil(log2(max(amax / 448, 1e-4))), de-quantized and rounded to bf16; the rest rounded to bf16.
+    At 512 + 64 it equals `mla_dequantize_rows` of the quantized rows (as DeepSeek V3.2's demo simulates
+    its FP8 cache)."""
+    tile = min(BLOCK, d_v)
+    lat = kv[..., :d_v].float()
+    shape = lat.shape
+    t = lat.reshape(*shape[:-1], -1, tile)
+    s = pow2_ceil(torch.clamp(t.abs().amax(dim=-1, keepdim=True) / E4M3_MAX, min=MLA_SCALE_FLOOR))
+    deq = (cast_e4m3(t / s).float() * s).bfloat16().float().reshape(shape)
+    return torch.cat([deq, kv[..., d_v:].bfloat16().float()], dim=-1).to(kv.dtype)
+
+
+# -- the FP8 indexer cache (vLLM's DeepSeek-V3.2 block layout) ------------------------------------------
+# Per key: D_I e4m3 bytes and one fp32 UE8M0 scale (132 bytes for D_I = 128). A paged cache uint8
+# [nb, bs, D_I + 4] holds, per block, its bs keys' e4m3 values first, then their bs scales; a ragged cache
+# uint8 [rows, D_I + 4] is one block of `rows` keys. Keys are quantized once, when written.
+
+INDEX_SCALE_BYTES = 4
+
+
+def index_cache_views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 ragged [rows, D_I + 4] / paged [nb, bs, D_I + 4] -> views into the same memory: (keys e4m3
+    [rows, D_I] / [nb, bs, D_I], scales fp32 [rows] / [nb, bs])."""
+    blocks = cache.unsqueeze(0) if cache.dim() == 2 else cache
+    nb, bs, w = blocks.shape
+    d = w - INDEX_SCALE_BYTES
+    flat = blocks.view(nb, -1)  # a view: writes land in the cache
+    keys = flat[:, : bs * d].view(nb, bs, d).view(E4M3)
+    scales = flat[:, bs * d :].view(torch.float32)
+    return (keys[0], scales[0]) if cache.dim() == 2 else (keys, scales)
+
+
+def quantize_index_keys(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indexer keys [S, D_I] float -> (e4m3 [S, D_I], fp32 UE8M0 scales [S]): one group per key, DeepSeek's
+    floor (the key half of `fp8_indexer_logits.quantize_indexer_inputs`)."""
+    ks = group_scale(k.float().abs().amax(dim=-1), EPS_DEEPSEEK, True)
+    return cast_e4m3(k.float() / ks[..., None]), ks
+
+
+def write_index_cache(cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor) -> None:
+    """Quantize keys [T, D_I] into physical rows (int64 [T]: block * bs + offset) of an FP8 indexer cache."""
+    keys, scales = index_cache_views(cache)
+    k8, ks = quantize_index_keys(k)
+    if cache.dim() == 3:  # a block keeps its keys, then its scales: row r is (r // bs, r % bs)
+        blk, off = rows // keys.shape[1], rows % keys.shape[1]
+        keys[blk, off], scales[blk, off] = k8, ks
+    else:
+        keys[rows], scales[rows] = k8, ks
+
+
+def index_cache_of(k: torch.Tensor) -> torch.Tensor:
+    """A ragged FP8 indexer cache uint8 [S, D_I + 4] holding keys [S, D_I] (quantized)."""
+    k8, ks = quantize_index_keys(k)
+    return torch.cat([k8.reshape(-1).view(torch.uint8), ks.view(torch.uint8)]).view(k.shape[0], -1)

@@ -16,15 +16,18 @@ SM90 kernel do; since k_scale > 0 this equals the relu(q . (k * k_scale)) * w fo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.intra_op import one_thread
 from backends.layout import SeqLayout
-from backends.ops import FP8
+from backends.ops import FLOATS, FP8
 from backends.reference._cache import causal_counts, keys_of_request
-from backends.reference.fp8_format import EPS_DEEPSEEK, cast_e4m3, group_scale
+from backends.reference.fp8_format import EPS_DEEPSEEK, cast_e4m3, group_scale, index_cache_views
 
 _BLOCK_ELEMS = 1 << 24
 
@@ -70,6 +73,27 @@ def quantize_indexer_inputs(
     q8 = cast_e4m3(q.float() / qs[..., None])
     k8 = cast_e4m3(k.float() / ks[..., None])
     return q8, k8, ks, weights.float() * qs
+
+
+def quantize_index_queries(q: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H_I, D_I] float and head weights [T, H_I] -> (q e4m3, weights * q scale fp32): the query half
+    of `quantize_indexer_inputs`."""
+    q8, _, _, w8 = quantize_indexer_inputs(q, q.new_empty(0, q.shape[2]), weights)
+    return q8, w8
+
+
+def on_fp8_index_cache(fp8: OpImpl) -> OpImpl:
+    """A backend's fp8_indexer_logits / fp8_indexer_topk as the entry of indexer_logits / indexer_topk for
+    the FP8 indexer cache (SPEC 7.8): q quantized here (per head vector, UE8M0, its scale folded into the
+    head weights), keys and scales read in place through views of the uint8 cache. Its caps are the FP8
+    op's, on the float op's dtype axis (the dtype of q)."""
+
+    def fn(q, k_cache, weights, layout, **rest):
+        keys, scales = index_cache_views(k_cache)
+        q8, w8 = quantize_index_queries(q, weights)
+        return fp8.fn(q=q8, k_cache=keys, k_scale=scales, weights=w8, layout=layout, **rest)
+
+    return OpImpl(fn, replace(fp8.caps, dtypes=FLOATS, layouts=FP8_KINDS))
 
 
 IMPL = OpImpl(fp8_indexer_logits, OpCaps(FP8, ("ragged", "paged")))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.layout import SeqLayout
@@ -51,4 +52,4 @@ def fp8_sparse_mla_attention(
     return out.to(q.dtype), (lse if return_lse else None)
 
 
-IMPL = OpImpl(fp8_sparse_mla_attention, OpCaps(FLOATS, ("ragged", "paged")))
+IMPL = OpImpl(fp8_sparse_mla_attention, OpCaps(FLOATS, FP8_KINDS))

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from backends.caps import OpCaps, OpImpl
+from backends.cache_layout import FP8_KINDS
+from backends.caps import OpCaps, OpImpl, by_kind
 from backends.counters import reference_op
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
 from backends.reference._cache import causal_counts, keys_of_request
+from backends.reference.fp8_indexer_logits import on_fp8_index_cache
+from backends.reference.fp8_indexer_topk import IMPL as FP8_TOPK
 from backends.reference.indexer_logits import indexer_logits, score_block
 from backends.reference.topk import rule_order
 from backends.reference.topk import topk as rule_topk
@@ -68,6 +71,7 @@ def _block_topk(q, keys, weights, visible, topk) -> torch.Tensor:
     return torch.nn.functional.pad(res, (0, topk - res.shape[1]), value=-1)
 
 
-IMPL = OpImpl(
-    indexer_topk, OpCaps(FLOATS, ("ragged", "paged"), tie_rule="lower_index", layout_invariant=True)
+IMPL = by_kind(
+    OpImpl(indexer_topk, OpCaps(FLOATS, ("ragged", "paged"), tie_rule="lower_index", layout_invariant=True)),
+    dict.fromkeys(FP8_KINDS, on_fp8_index_cache(FP8_TOPK)),  # the FP8 indexer cache (SPEC 7.8)
 )

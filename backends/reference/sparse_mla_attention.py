@@ -17,11 +17,13 @@ from __future__ import annotations
 import torch
 
 from backends import invariant
-from backends.caps import OpCaps, OpImpl
+from backends.cache_layout import FP8_KINDS
+from backends.caps import OpCaps, OpImpl, by_kind
 from backends.counters import reference_op
 from backends.layout import SeqLayout
 from backends.ops import FLOATS
 from backends.reference._cache import gather_rows, keys_at
+from backends.reference.fp8_sparse_mla_attention import IMPL as FP8_ATTENTION
 
 # Bound the gathered [tq, topk, d_qk] fp32 keys (elements).
 _GATHER_ELEMS = 1 << 24
@@ -98,9 +100,12 @@ def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Ten
     return dq.to(q.dtype), dflat.view(kv_cache.shape).to(kv_cache.dtype)
 
 
-IMPL = OpImpl(
-    sparse_mla_attention,
-    OpCaps(FLOATS, ("ragged", "paged", "pools"), differentiable=True, layout_invariant=True),
-    backward=backward,
-    backward_forces={"return_lse": True},
+IMPL = by_kind(
+    OpImpl(
+        sparse_mla_attention,
+        OpCaps(FLOATS, ("ragged", "paged", "pools"), differentiable=True, layout_invariant=True),
+        backward=backward,
+        backward_forces={"return_lse": True},
+    ),
+    dict.fromkeys(FP8_KINDS, FP8_ATTENTION),  # FlashMLA's 656-byte rows (SPEC 7.8)
 )

@@ -10,21 +10,38 @@ from __future__ import annotations
 
 import torch
 
+from backends.formats import INDEX_SCALE_BYTES, write_index_cache
 from conformance.case import Case, Output
 from conformance.cases._common import Subset, kv_layout, near_ties, randn, request_subset, tdtype, transposed
 from conformance.cases.indexer_logits import indexer_inputs
 
 OUTPUTS = (Output("indices", "indexer_topk_indices"),)
+#: on the FP8 indexer cache (SPEC 7.8): fp8_indexer_topk's check on the inputs the backend quantizes
+FP8_OUTPUTS = (Output("indices", "fp8_cache_indexer_topk"),)
 
 
 def _case(id: str, build, **kw) -> Case:
     if id.startswith("errors/"):
         return Case("indexer_topk", id, build, dtypes=("float32",), **kw)
-    return Case("indexer_topk", id, build, OUTPUTS, **kw)
+    return Case("indexer_topk", id, build, kw.pop("outputs", OUTPUTS), **kw)
 
 
 def mk(q_lens, k_lens, topk, **kw):
     return lambda g, dt: indexer_inputs(g, dt, q_lens, k_lens, **kw) | {"topk": topk}
+
+
+def fp8_cache(build):
+    """The same inputs with the keys in the FP8 indexer cache (uint8 [.., D_I + 4], vLLM's block layout;
+    unused rows NaN as in the float cache): the cache kind fp8_ragged / fp8_paged (SPEC 7.8)."""
+
+    def make(g, dt):
+        a = build(g, dt)
+        k = a["k_cache"]
+        cache = torch.zeros(*k.shape[:-1], k.shape[-1] + INDEX_SCALE_BYTES, dtype=torch.uint8)
+        write_index_cache(cache, torch.arange(k.shape[:-1].numel()), k.reshape(-1, k.shape[-1]).float())
+        return a | {"k_cache": cache}
+
+    return make
 
 
 def _duplicate_keys(g, dt):
@@ -99,6 +116,18 @@ CASES = [
     _case("adversarial/topk1", mk([2, 2], [50, 70], 1)),
     _case("adversarial/prefill_chunk_crosses_topk", mk([40], [140], 100)),
     _case("adversarial/noncontig_q_paged_bs16", _noncontig, tags={"layout": "transposed q, paged_bs16"}),
+    *[
+        _case(
+            f"smoke/fp8_cache_{name}",
+            fp8_cache(mk(*lens, topk, d_i=128, **kw)),
+            outputs=FP8_OUTPUTS,
+            tags={"layout": f"fp8_{name}", "cache": "FP8 indexer cache (D_I e4m3 + fp32 scale per key)"},
+        )
+        for name, lens, topk, kw in (
+            ("ragged_s90_k16", ([2, 1], [90, 41]), 16, {}),
+            ("paged_bs16_s300_k64", ([1, 3], [300, 133]), 64, {"block_size": 16}),
+        )
+    ],
     _case("errors/topk_zero", mk([2, 1], [20, 9], 0), error=(ValueError, r"^topk: expected an int >= 1")),
     _case("errors/topk_float", mk([2, 1], [20, 9], 8.0), error=(ValueError, r"^topk: expected an int")),
     _case(

@@ -126,6 +126,22 @@ def _split_pools(build):
     return make
 
 
+def _fp8_rows(q_lens, k_lens, topk, *, h=16, block_size=None, lse=True):
+    """q [T, H, 576] and FlashMLA's 656-byte FP8 rows (unused bytes 0xFF: NaN codes, scales, RoPE): the
+    cache kind fp8_ragged / fp8_paged, served by the backend's FP8 kernel (SPEC 7.8)."""
+    from conformance.cases._fp8 import mla_cache
+
+    def make(g, dt):
+        layout, cache = mla_cache(g, q_lens, k_lens, block_size=block_size)
+        q = randn(g, sum(q_lens), h, 576).clamp(-1, 1).to(tdtype(dt))
+        idx = causal_indices(g, q_lens, k_lens, topk)
+        return dict(
+            q=q, kv_cache=cache, indices=idx, layout=layout, sm_scale=GLM5_SM_SCALE, d_v=512, return_lse=lse
+        )
+
+    return make
+
+
 def _no_lse(build):
     """The inference form: `return_lse=False`, lse None on every backend (paged caches, >= 2048 keys)."""
     return lambda g, dt: build(g, dt) | {"return_lse": False}
@@ -247,6 +263,24 @@ CASES = [
         )
         for lse in (False, True)
     ],
+    _case(
+        "smoke/fp8_cache_ragged_h4_topk16",
+        _fp8_rows([2, 1], [40, 9], 16, h=4),
+        grad_args=(),  # an inference cache
+        tags={"layout": "fp8_ragged", "cache": "656-byte FP8 rows"},
+    ),
+    _case(
+        "realistic/fp8_cache_paged_bs64_h64_top2048_no_lse",
+        _fp8_rows([1, 2], [4500, 2300], 2048, h=64, block_size=64, lse=False),
+        paged=True,
+        grad_args=(),
+        tags={"layout": "fp8_paged_bs64", "cache": "656-byte FP8 rows", "shape": "T3 H64 top2048 S<=4500"},
+    ),
+    _case(
+        "errors/fp8_rows_d_v",
+        lambda g, dt: _fp8_rows([2, 1], [20, 9], 8, h=2)(g, dt) | {"d_v": 448},
+        error=(ValueError, r"^d_v: expected 512 \(the latent width of a kv_cache of FP8 rows\)"),
+    ),
     _case("adversarial/noncontig_views", _noncontig, tags={"layout": "transposed q, strided indices"}),
     _case(
         "errors/indices_int64",

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from backends import Backend
-from glm5.core.cache import KVCache, StepSlots
+from glm5.core.cache import AUTO, CacheFormat, KVCache, StepSlots
 from glm5.core.config import GLM5Config
 from glm5.core.layers import RMSNorm, apply_rope
 
@@ -29,6 +29,14 @@ class Step:
     cos: torch.Tensor  # [T, r/2] fp32 RoPE angles of the new tokens
     sin: torch.Tensor
     cache: KVCache | None  # None: the new tokens are the whole context (training, plain forward)
+    cache_format: CacheFormat = AUTO  # what a row of the caches holds (model values, or FP8 rows)
+
+    def store(self, which: str, layer: int, values: torch.Tensor) -> torch.Tensor:
+        """This step's rows [T, D] of cache `which` ('kv' or 'index_k') as the layer reads them: written
+        into the cache (returned whole), or, with no cache, the rows themselves in the cache format."""
+        if self.cache is None:
+            return self.cache_format.rows(which, values, self.backend)
+        return self.cache.write(which, layer, self.slots.rows, values)
 
 
 class Indexer(nn.Module):
@@ -128,12 +136,11 @@ class MLAAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] (normed) -> (out [T, D], the int32 [T, index_topk] key positions used)."""
         q, rows, qr = self.project(x, step)
-        cache, layer, slot_rows = step.cache, self.layer_idx, step.slots.rows
-        kv_cache = rows if cache is None else cache.write("kv", layer, slot_rows, rows)
+        layer = self.layer_idx
+        kv_cache = step.store("kv", layer, rows)  # its kind (float or FP8 rows) picks the backend's kernel
         if self.indexer is not None:
             # detached: the LM loss never trains the indexer (its own KL loss does)
-            k_new = self.indexer.keys(x.detach(), step)
-            k_cache = k_new if cache is None else cache.write("index_k", layer, slot_rows, k_new)
+            k_cache = step.store("index_k", layer, self.indexer.keys(x.detach(), step))
             topk = self.indexer(x.detach(), qr.detach(), k_cache, step)
         elif shared_topk is None:
             raise ValueError(

@@ -17,7 +17,7 @@ from torch import nn
 import backends
 from backends import Backend, SeqLayout
 from glm5.core.attention import MLAAttention, Step
-from glm5.core.cache import KVCache, StepSlots
+from glm5.core.cache import CacheFormat, KVCache, StepSlots
 from glm5.core.config import GLM5Config
 from glm5.core.layers import MLP, RMSNorm, rope_angles
 from glm5.core.moe import MoE
@@ -49,16 +49,16 @@ class DecoderLayer(nn.Module):
         a, topk = self.self_attn(self.input_layernorm(x), step, shared_topk)
         x = x + a
         h = self.post_attention_layernorm(x)
-        return x + (self.mlp(h, step.backend) if self.is_moe else self.mlp(h)), topk
+        return x + (self.mlp(h, step) if self.is_moe else self.mlp(h)), topk
 
 
 class LMHead(nn.Linear):
     """The output projection [V, D]. `loss` is the chunked projection + cross-entropy of SPEC 2.9 through
     the backend, so a parallel plan that splits the vocabulary replaces both together (glm5/parallel)."""
 
-    def loss(self, h: torch.Tensor, targets: torch.Tensor, backend: Backend) -> torch.Tensor:
-        """h [N, D], targets [N] -> mean next-token loss (ignore_index -100)."""
-        return backend.linear_cross_entropy(h, self.weight, targets)
+    def loss(self, h: torch.Tensor, targets: torch.Tensor, step: Step) -> torch.Tensor:
+        """h [N, D], targets [N] -> mean next-token loss (ignore_index -100), on the step's backend."""
+        return step.backend.linear_cross_entropy(h, self.weight, targets)
 
 
 class SharedHead(nn.Module):
@@ -116,6 +116,8 @@ class GLM5ForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self._backend = backend if isinstance(backend, Backend) else backends.get(backend)
+        #: what the caches hold (`glm5.core.cache.CacheFormat`): "auto" (the model dtype) or "fp8_ds_mla"
+        self.kv_cache_dtype = "auto"
         self.model = GLM5Model(config, dtype)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
         if config.tie_word_embeddings:
@@ -213,7 +215,13 @@ class GLM5ForCausalLM(nn.Module):
             dtype=self.dtype,
             device=self.backend.device,
             mla_cache=self.backend.mla_cache,
+            cache_format=self.cache_format,
+            backend=self.backend,
         )
+
+    @property
+    def cache_format(self) -> CacheFormat:
+        return CacheFormat(self.kv_cache_dtype, self.config.kv_lora_rank)
 
     # -- forward ------------------------------------------------------------------------------------
     def begin_step(self, q_lens: list[int], cache: KVCache | None) -> Step:
@@ -226,7 +234,7 @@ class GLM5ForCausalLM(nn.Module):
         else:
             slots = cache.begin(q_lens)
         cos, sin = rope_angles(slots.positions, self.config.qk_rope_head_dim, self.config.rope_theta)
-        return Step(self.backend, slots, cos, sin, cache)
+        return Step(self.backend, slots, cos, sin, cache, self.cache_format)
 
     def forward(
         self,
@@ -243,12 +251,12 @@ class GLM5ForCausalLM(nn.Module):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids: expected [B, S], got shape {tuple(input_ids.shape)}")
         b, s = input_ids.shape
-        hidden, used = self._run(input_ids.reshape(-1), [s] * b, cache)
+        hidden, used, step = self._run(input_ids.reshape(-1), [s] * b, cache)
         hidden = hidden.view(b, s, -1)
         loss = None
         if labels is not None:
             h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
-            loss = self.lm_head.loss(h, labels[:, 1:].reshape(-1), self.backend)
+            loss = self.lm_head.loss(h, labels[:, 1:].reshape(-1), step)
         logits = self.lm_head(hidden) if return_logits else None
         return GLM5Output(logits, hidden, loss, used if return_topk else None)
 
@@ -266,7 +274,7 @@ class GLM5ForCausalLM(nn.Module):
             raise ValueError(
                 f"input_ids: expected [T={sum(q_lens)}] (sum of q_lens), got {tuple(input_ids.shape)}"
             )
-        hidden, used = self._run(input_ids, list(q_lens), cache)
+        hidden, used, _ = self._run(input_ids, list(q_lens), cache)
         return GLM5Output(self.lm_head(hidden), hidden, None, used if return_topk else None)
 
     def _run(self, ids: torch.Tensor, q_lens: list[int], cache: KVCache | None):
@@ -274,7 +282,7 @@ class GLM5ForCausalLM(nn.Module):
         hidden, used = self.model(ids, step)
         if cache is not None:
             cache.commit(q_lens)  # only after every layer wrote its rows
-        return hidden, used
+        return hidden, used, step
 
     def mtp_forward(
         self, input_ids: torch.Tensor, hidden: torch.Tensor, cache: KVCache | None = None, depth: int = 0

@@ -3,12 +3,17 @@ the backend's `grouped_matmul`, one shared expert (SPEC 2.3, 2.8, 5)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from backends import Backend, moe
 from glm5.core.config import GLM5Config
 from glm5.core.layers import MLP
+
+if TYPE_CHECKING:
+    from glm5.core.attention import Step
 
 
 class Router(nn.Module):
@@ -80,7 +85,9 @@ class MoE(nn.Module):
             else None
         )
 
-    def forward(self, x: torch.Tensor, be: Backend) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """x [T, D] -> [T, D], on the step's backend (`Step`: the one channel the model reaches it by)."""
+        be = step.backend
         ids, w = self.gate(x, be)
         out = self.experts(x, ids, w, be)
         return out if self.shared_experts is None else out + self.shared_experts(x)

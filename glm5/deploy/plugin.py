@@ -30,8 +30,14 @@ from glm5.vllm import HF_OVERRIDES
 #: GLM5_BACKEND of the plugin per machine vendor
 PLUGIN_BACKEND = {"nvidia": "cuda", "ascend": "ascend", "cpu": "cpu"}
 #: the backend ops the plugin's fp8_ds_mla cache needs (glm5/vllm/fp8_cache.py)
-FP8_CACHE_OPS = ("fp8_mla_cache_quant", "fp8_sparse_mla_attention")
-FP8_INDEXER_OP = "fp8_indexer_topk"
+FP8_CACHE_OPS = ("fp8_mla_cache_quant", "sparse_mla_attention")
+#: the cache kinds of FP8 rows the cache-reading ops declare in their caps (backends/cache_layout.py)
+FP8_KINDS = ("fp8_ragged", "fp8_paged")
+
+
+def _serves(be, op: str) -> bool:
+    caps = be.capabilities(op)
+    return caps is not None and (op == "fp8_mla_cache_quant" or set(FP8_KINDS) <= set(caps.layouts))
 
 
 def plugin_backend(req: Request) -> str:
@@ -115,7 +121,7 @@ def _cache_formats(req: Request, be: Any) -> tuple[str, str, str | None]:
             ),
         )
     if be is not None and be.ops:
-        missing = [op for op in FP8_CACHE_OPS if not be.capabilities(op)]
+        missing = [op for op in FP8_CACHE_OPS if not _serves(be, op)]
         if missing:
             return (
                 "fp8",
@@ -125,7 +131,7 @@ def _cache_formats(req: Request, be: Any) -> tuple[str, str, str | None]:
                     f"{be.name!r} does not declare (use --kv-cache-dtype bf16)"
                 ),
             )
-        return "fp8", "fp8" if be.capabilities(FP8_INDEXER_OP) else "bf16", None
+        return "fp8", "fp8" if _serves(be, "indexer_topk") else "bf16", None
     return "fp8", "fp8", None  # the backend declares its ops only where it runs: planned as declared there
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from backends import Backend
+from glm5.core.attention import Step
 from glm5.core.model import LMHead
 from glm5.parallel.group import Group, enter
 
@@ -16,7 +16,7 @@ class VocabParallelHead(LMHead):
 
     group: Group
 
-    def loss(self, h: torch.Tensor, targets: torch.Tensor, backend: Backend) -> torch.Tensor:
+    def loss(self, h: torch.Tensor, targets: torch.Tensor, step: Step) -> torch.Tensor:
         from glm5.parallel.vocab import vocab_parallel_linear_cross_entropy
 
         start = self.group.rank * self.weight.shape[0]

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from backends.cache_layout import cache_kind
 from backends.layout import SeqLayout
 from backends.ops import OPS
 from backends.reference import ReferenceBackend
@@ -61,9 +62,9 @@ class Recorder(ReferenceBackend):
         rec = self.seen.setdefault((op, dt), Needed(op, dt))
         rec.calls += 1
         rec.during.add(self.phase)
-        lay = args.get("layout")
-        if isinstance(lay, SeqLayout):
-            rec.layouts.add(lay.kind)
+        kind = cache_kind(args) if isinstance(args.get("layout"), SeqLayout) else None
+        if kind is not None:  # ragged / paged, or the FP8 rows and split pools a cache holds (SPEC 7.9)
+            rec.layouts.add(kind)
         # backward is needed where the op's output carries gradients (the reference's differentiable ops)
         if (
             self.ops[op].caps.differentiable

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from glm5.core.attention import Step
 from glm5.core.model import GLM5ForCausalLM
 
 IGNORE = -100
@@ -36,9 +37,9 @@ def lm_and_mtp(model: GLM5ForCausalLM, ids: torch.Tensor, mtp_steps: int) -> Los
         for j in range(1, mtp_steps + 1):
             depth = min(j - 1, model.config.num_nextn_predict_layers - 1)
             tokens, targets = shifted(ids, j)
-            x = mtp_hidden(model, tokens, h, depth)  # [B*S, D]
+            x, step = mtp_hidden(model, tokens, h, depth)  # [B*S, D]
             head_in = model.model.layers[model.config.num_hidden_layers + depth].shared_head.norm(x)
-            terms.append(model.lm_head.loss(head_in, targets.reshape(-1), model.backend))
+            terms.append(model.lm_head.loss(head_in, targets.reshape(-1), step))
             h = x.view_as(h)
         mtp = torch.stack(terms).mean()
     return Losses(out.loss, mtp, out.hidden_states)
@@ -58,13 +59,13 @@ def shifted(ids: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def mtp_hidden(
     model: GLM5ForCausalLM, tokens: torch.Tensor, hidden: torch.Tensor, depth: int
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, Step]:
     """`GLM5ForCausalLM.mtp_forward` without a cache and without its [B, S, V] logits: tokens [B, S],
-    hidden [B, S, D] -> the MTP layer output [B*S, D] (before `shared_head.norm`)."""
+    hidden [B, S, D] -> (the MTP layer output [B*S, D] (before `shared_head.norm`), its step)."""
     b, s = tokens.shape
     layer = model.model.layers[model.config.num_hidden_layers + depth]
     step = model.begin_step([s] * b, None)
     emb = model.model.embed_tokens(tokens.reshape(-1))
     # as mtp_forward (and the engines serving MTP weights): position 0 gets a zero embedding
     emb = emb.masked_fill((step.slots.positions == 0)[:, None], 0.0)
-    return layer.predict(emb, hidden.reshape(b * s, -1), step)
+    return layer.predict(emb, hidden.reshape(b * s, -1), step), step

@@ -134,7 +134,7 @@ class StageModule(nn.Module):
         """As `lm_and_mtp` on the main model's normed hidden [T, D]."""
         b, s = ids.shape
         h = hidden.view(b, s, -1)
-        lm = self._head_loss(h[:, :-1].reshape(-1, h.shape[-1]), ids[:, 1:].reshape(-1))
+        lm = self._head_loss(h[:, :-1].reshape(-1, h.shape[-1]), ids[:, 1:].reshape(-1), step)
         if not self.mtp_steps:
             return lm, None
         terms = []
@@ -142,16 +142,16 @@ class StageModule(nn.Module):
             layer = self.mtp[min(j - 1, len(self.mtp) - 1)]
             _, targets = shifted(ids, j)
             x = layer.predict(mtp_in[j - 1], h.reshape(b * s, -1), step)
-            terms.append(self._head_loss(layer.shared_head.norm(x), targets.reshape(-1)))
+            terms.append(self._head_loss(layer.shared_head.norm(x), targets.reshape(-1), step))
             h = x.view_as(h)
         return lm, torch.stack(terms).mean()
 
-    def _head_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _head_loss(self, h: torch.Tensor, targets: torch.Tensor, step) -> torch.Tensor:
         # the head's own loss where it has one (a vocabulary-parallel head replaces it with the head)
-        head, backend = self.lm_head, self._model.backend
+        head = self.lm_head
         if hasattr(head, "loss"):
-            return head.loss(h, targets, backend)
-        return backend.linear_cross_entropy(h, head.weight, targets)
+            return head.loss(h, targets, step)
+        return step.backend.linear_cross_entropy(h, head.weight, targets)
 
     def _kl(self, kl_in: torch.Tensor | None, before: int) -> torch.Tensor | None:
         if not self.kl:

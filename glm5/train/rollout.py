@@ -123,10 +123,16 @@ def rollout_check(
     }
     if rollout_precision == "fp8":
         out["topk_overlap"] = topk_overlap(model, policy, full)
-        from quant.fp8 import fp8_attention
-
-        out["fp8_calls"] = dict(fp8_attention(policy.backend).fp8_calls)
-        be = policy.backend  # a hooked view of model.backend, or of the reference's
+        c = policy.config
+        fmt = policy.cache_format
+        out["fp8_cache"] = {
+            "kv_cache_dtype": policy.kv_cache_dtype,
+            "latent": "656-byte rows"
+            if fmt.fp8_rows(c.kv_lora_rank + c.qk_rope_head_dim)
+            else f"simulated in {policy.dtype} (widths {c.kv_lora_rank} + {c.qk_rope_head_dim})",
+            "index_k": f"fp8 rows of {c.index_head_dim} + 4 bytes",
+        }
+        be = policy.backend  # model.backend, or the reference's
         out["fp8_backend"] = be.name + (
             "" if be.name == model.backend.name else f" ({model.backend.name} has no FP8 ops)"
         )

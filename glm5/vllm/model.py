@@ -36,7 +36,7 @@ from glm5.parallel.plan import check as check_plan
 from glm5.train.rollout import logprobs
 from glm5.vllm import weights as weights_module
 from glm5.vllm.cache import Glm5CacheLayer, Glm5StepMetadata
-from glm5.vllm.fp8_cache import CacheFormats, FP8CacheOps, FP8PagedCaches
+from glm5.vllm.fp8_cache import CacheFormats, FP8PagedCaches
 from glm5.vllm.parallel import decode_tokens, groups
 
 LOGPROB_TEMPERATURE = "GLM5_LOGPROB_TEMPERATURE"
@@ -123,8 +123,8 @@ class Glm5BackendsForCausalLM(nn.Module):
             index_k.append(Glm5CacheLayer(f"{pre}.indexer.k_cache", *fmt.index, cc, True) if full else None)
         self.latent_caches = nn.ModuleList(latent)
         self.index_caches = nn.ModuleList([m for m in index_k if m is not None])
-        self.caches = FP8PagedCaches(latent, index_k, self.backend, fmt.index_head_dim)
-        self.step_backend = FP8CacheOps(self.backend, fmt.index_head_dim) if fmt.fp8_latent else self.backend
+        # FP8 caches are written quantized; their kind picks the backend's FP8 kernels (fp8_cache.py)
+        self.caches = FP8PagedCaches(latent, index_k, self.backend)
         self.first_cache = latent[0].prefix
         self.logprob_temperature = logprob_temperature() if os.environ.get(invariant.ENV) == "1" else None
         self.other_caches = [m.prefix for m in latent[1:]] + [m.prefix for m in index_k if m is not None]
@@ -186,7 +186,7 @@ class Glm5BackendsForCausalLM(nn.Module):
         """The step every layer shares: one SeqLayout, the RoPE angles and cache rows of the new tokens."""
         pos = positions[: md.num_tokens].to(torch.int64)
         cos, sin = rope_angles(pos, self.config.qk_rope_head_dim, self.config.rope_theta)
-        return Step(self.step_backend, StepSlots(md.layout, pos, md.slot_mapping), cos, sin, self.caches)
+        return Step(self.backend, StepSlots(md.layout, pos, md.slot_mapping), cos, sin, self.caches)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The head's logits; in the layout-invariant mode log-probs at GLM5_LOGPROB_TEMPERATURE by the

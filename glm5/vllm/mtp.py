@@ -39,7 +39,7 @@ from glm5.parallel.plan import apply
 from glm5.parallel.plan import check as check_plan
 from glm5.vllm import weights as weights_module
 from glm5.vllm.cache import Glm5CacheLayer
-from glm5.vllm.fp8_cache import CacheFormats, FP8CacheOps, FP8PagedCaches
+from glm5.vllm.fp8_cache import CacheFormats, FP8PagedCaches
 from glm5.vllm.names import MTP_ARCHITECTURE
 from glm5.vllm.parallel import decode_tokens, groups
 
@@ -107,8 +107,8 @@ class Glm5BackendsMTP(nn.Module):
             latent.append(Glm5CacheLayer(f"{pre}.latent_cache", *fmt.latent, cc, False))
             index_k.append(Glm5CacheLayer(f"{pre}.indexer.k_cache", *fmt.index, cc, True))
         self.latent_caches, self.index_caches = nn.ModuleList(latent), nn.ModuleList(index_k)
-        self.caches = FP8PagedCaches(latent, index_k, self.backend, fmt.index_head_dim)
-        self.step_backend = FP8CacheOps(self.backend, fmt.index_head_dim) if fmt.fp8_latent else self.backend
+        # FP8 caches are written quantized; their kind picks the backend's FP8 kernels (fp8_cache.py)
+        self.caches = FP8PagedCaches(latent, index_k, self.backend)
         self.cache_names = [m.prefix for m in latent + index_k]
 
     def _split(self, glm: GLM5ForCausalLM) -> GLM5ForCausalLM:
@@ -157,7 +157,7 @@ class Glm5BackendsMTP(nn.Module):
             n = md.num_tokens
             pos = positions[:n].to(torch.int64)
             cos, sin = rope_angles(pos, self.config.qk_rope_head_dim, self.config.rope_theta)
-            step = Step(self.step_backend, StepSlots(md.layout, pos, md.slot_mapping), cos, sin, self.caches)
+            step = Step(self.backend, StepSlots(md.layout, pos, md.slot_mapping), cos, sin, self.caches)
             self.counts["draft_steps"] += 1
         layer = self.mtp_layers[spec_step_idx % len(self.mtp_layers)]
         emb = self.model.embed_tokens(input_ids[:n])

@@ -67,16 +67,26 @@ def test_reference_reads_split_pools_as_the_one_tensor(return_lse):
         assert torch.equal(got[1], want[1])
 
 
-def test_the_custom_op_route_takes_split_pools():
+def test_split_pools_have_no_custom_op_and_refuse_where_one_is_needed(monkeypatch):
+    """One op per contract op: split pools (two tensors, inference only) are read by the implementation
+    itself, also under a dispatch mode (which sees its ops); compiling or exporting such a call is refused
+    in one line, never served by copying the pools into one tensor."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
     ref = backends.get("reference")
     q, kv, idx, lay = _inputs()
-    pools = _pools(kv)
-    args = dict(q=q, kv_cache=pools, indices=idx, layout=lay, sm_scale=0.1, d_v=C, return_lse=True)
-    out, lse = library.call(ref.key, "sparse_mla_attention", args)
-    want, want_lse = ref.sparse_mla_attention(q, kv, idx, lay, 0.1, C)
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
-    flat = library.custom_op_args("sparse_mla_attention", {**args, "kv_cache": pools.latent}, ref.key)
-    torch.library.opcheck(library.sparse_mla_attention_pools, (flat[0], pools.latent, pools.rope, *flat[2:]))
+    assert set(library.CUSTOM_OPS) == set(backends.ops.OPS)  # no hand-made op beside the declared ones
+    with Passthrough():  # the one-tensor cache takes the custom op there, the pools the implementation
+        want = ref.sparse_mla_attention(q, kv, idx, lay, 0.1, C)[0]
+        assert torch.equal(ref.sparse_mla_attention(q, _pools(kv), idx, lay, 0.1, C)[0], want)
+    assert torch.equal(ref.sparse_mla_attention(q, _pools(kv), idx, lay, 0.1, C)[0], want)
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)  # what torch.export sets while tracing
+    with pytest.raises(NotSupported, match="on split pools cannot be compiled or exported"):
+        ref.sparse_mla_attention(q, _pools(kv), idx, lay, 0.1, C)
 
 
 @pytest.mark.parametrize(

@@ -104,21 +104,3 @@ def test_a_view_is_hooked_alone_and_shares_the_backends_counters(be):
     view.hooks = ()
     view.topk(_x(), 1)
     assert be.calls["topk"] == before + 2
-
-
-def test_the_fp8_rollout_is_an_override_on_the_models_backend():
-    from glm5 import GLM5Config, GLM5ForCausalLM
-    from quant.fp8 import FP8Attention, fp8_attention, fp8_policy
-
-    model = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend="reference")
-    model.init_weights(0)
-    policy = fp8_policy(model)
-    assert type(policy.backend) is type(model.backend) and model.backend.hooks == ()
-    hook = fp8_attention(policy.backend)
-    assert isinstance(hook, FP8Attention)
-    with policy.backend.hooked(Recorder()) as rec, torch.no_grad():
-        policy(torch.tensor([[1, 2, 3, 4, 5, 6]]))
-    ops = {op for op, _ in rec.calls}
-    assert {"indexer_topk", "fp8_indexer_topk", "sparse_mla_attention"} <= ops
-    assert hook.fp8_calls["fp8_indexer_topk"] == len(rec.outputs("indexer_topk")) > 0
-    assert hook.fp8_calls["simulated_fp8_cache"] > 0

