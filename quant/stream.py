@@ -34,7 +34,7 @@ from glm5.core.checkpoint import (
     read_config,
     without_absent_mtp,
 )
-from glm5.core.progress import Phases
+from glm5.infra.progress import Phases
 from quant.apply import plan_model, quantize_modules
 from quant.calibrate import begin, calibrate_layer
 from quant.formats import compressed_tensors, fp8, modelslim
@@ -112,7 +112,7 @@ def convert(
 ) -> dict[str, Scheme]:
     """Write `src` as `fmt` ('compressed-tensors' | 'modelslim': quantized by `recipe`, calibrated on
     calib_ids [B, S] or data-free; 'fp8': block FP8) to `out`, atomically, one layer in memory at a time.
-    `progress` (glm5.core.progress.Phases) shows each phase and layer. Returns the plan (empty for fp8)."""
+    `progress` (glm5.infra.progress.Phases) shows each phase and layer. Returns the plan (empty for fp8)."""
     from glm5.core.config import GLM5Config
     from glm5.core.model import GLM5ForCausalLM
 

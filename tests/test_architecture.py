@@ -184,7 +184,7 @@ def test_packages_point_one_way():
         ("glm5.core.model", "quant.load"),
         ("glm5.core.model", "glm5.parallel.plan"),
         ("glm5.core.checkpoint", "glm5.loader"),
-        ("glm5.parallel.plan", "glm5.train.loop"),
+        ("glm5.parallel.plan", "glm5.train.loop.trainer"),
         ("quant.load", "glm5.vllm.model"),
         ("quant.stream", "glm5.cli_args"),
         ("backends.registry", "glm5.core.config"),

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from glm5.core import fsio
 from glm5.core.config import GLM5Config
+from glm5.infra import fsio
 
 log = logging.getLogger("glm5")
 

@@ -13,7 +13,7 @@ from glm5.cli_args import (
     check_positions,
     one_line_errors,
 )
-from glm5.core import fsio
+from glm5.infra import fsio
 
 
 def check_sequence_fits(model_path: Path | None, preset: str, tokens: int, hint: str) -> None:
@@ -34,7 +34,7 @@ def check_sequence_fits(model_path: Path | None, preset: str, tokens: int, hint:
 def run_dir(out: str, resume: bool) -> Path:
     """--out as a directory that exists: refused if empty, not a directory, not writable, or (a new run)
     holding files that are not a training run's."""
-    from glm5.train.loop import foreign_entries
+    from glm5.train.loop.trainer import foreign_entries
 
     if not out.strip():
         raise click.BadParameter("expected a directory path, got an empty string", param_hint="'--out'")
@@ -62,8 +62,8 @@ def parallel_options(
     """The Mesh of a run on several processes (None for one), checked against --nproc, --stage,
     --batch-size and --layout-invariant in one line naming the option (before any rank starts). Under
     torchrun, --nproc defaults to its WORLD_SIZE."""
-    from glm5.train.distributed import under_torchrun
-    from glm5.train.mesh import Mesh, check_mesh, parse_mesh
+    from glm5.train.distributed.mesh import Mesh, check_mesh, parse_mesh
+    from glm5.train.distributed.runtime import under_torchrun
 
     ctx = click.get_current_context()
     if under_torchrun():
@@ -137,7 +137,7 @@ def pipeline_options(
     if source is not None:
         from glm5.core.checkpoint import read_config
         from glm5.core.config import GLM5Config
-        from glm5.train.pipeline_run import check_pipeline_options
+        from glm5.train.distributed.pipeline.run import check_pipeline_options
 
         model_path, preset = source
         with one_line_errors("'--model'" if model_path is not None else "'--config'"):
@@ -155,8 +155,8 @@ def pipeline_options(
 def check_resumable_sharded(out: Path, resume: bool) -> None:
     """A run on several processes resumes only a sharded checkpoint (a 1-process run's optimizer state is
     not laid out for shards): refused here, before any process starts."""
-    from glm5.train.dist_state import is_sharded
-    from glm5.train.state import latest_checkpoint
+    from glm5.train.distributed.checkpoint import is_sharded
+    from glm5.train.loop.state import latest_checkpoint
 
     ckpt = latest_checkpoint(out / "checkpoints") if resume else None
     if ckpt is not None and not is_sharded(ckpt):
@@ -173,7 +173,7 @@ def check_resume_options(cfg, out: Path) -> None:
 
     from click.core import ParameterSource
 
-    from glm5.train.state import latest_checkpoint, load_trainer_state
+    from glm5.train.loop.state import latest_checkpoint, load_trainer_state
 
     ckpt = latest_checkpoint(out / "checkpoints")
     if ckpt is None:

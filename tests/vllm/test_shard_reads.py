@@ -23,8 +23,8 @@ from glm5.core.checkpoint import CheckpointError, TensorFiles, _shared_copies, r
 from glm5.core.config import GLM5Config
 from glm5.loader import load_model
 from glm5.parallel import plan
-from glm5.vllm import weights
 from glm5.vllm.parallel import Groups
+from glm5.weights import load as weights
 from quant.load import export, skeleton
 from quant.quantize import quantize_model
 from quant.recipe import Recipe

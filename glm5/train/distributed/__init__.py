@@ -1,0 +1,1 @@
+"""Training on several processes."""

@@ -1,0 +1,1 @@
+"""The 1-process training loop (docs/training.md)."""

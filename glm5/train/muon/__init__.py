@@ -1,0 +1,1 @@
+"""Muon with Muon Split: the optimizer, and its sharded form."""

@@ -1,0 +1,1 @@
+"""Reinforcement learning: the RL stage, IcePop, rollouts and rollout engines."""

@@ -1,0 +1,1 @@
+"""Rollout engines of asynchronous RL."""
