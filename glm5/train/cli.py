@@ -20,7 +20,7 @@ from glm5.cli_args import (
 from glm5.infra import fsio
 from glm5.threads import command_threads
 from glm5.train import ownership
-from glm5.train.cli_checks import (
+from glm5.train.checks import (
     check_options_used,
     check_plan_fits,
     check_resumable_sharded,

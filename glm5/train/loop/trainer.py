@@ -47,10 +47,6 @@ class Diverged(RuntimeError):
     would publish a checkpoint of them."""
 
 
-#: what a run directory may hold (anything else in --out is not ours: a new run refuses it)
-RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json", "loss.png", ".lock")
-
-
 class Trainer:
     """Run `cfg.steps` optimizer steps into `out` (metrics.jsonl, checkpoints/, loss.png, summary.json).
     With `resume`, continue from `out/checkpoints/latest` under the saved options (only `steps` may change).
@@ -293,15 +289,6 @@ def _check_finite(rec: dict, done: int) -> None:
                 f"training diverged at step {done}: {key} is {value}; no checkpoint written for "
                 "it (try a lower --lr)"
             )
-
-
-def foreign_entries(out: Path) -> list[str]:
-    """The entries of `out` that are not a training run's (RUN_FILES, and the temporaries of its atomic
-    writes)."""
-    if not out.is_dir():
-        return []
-    ours = (*(f".{n}.tmp-" for n in RUN_FILES), ".lock.rank")  # and the ranks' locks (train/ownership.py)
-    return sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES and not p.name.startswith(ours))
 
 
 def _records(path: Path) -> list[dict]:
