@@ -28,10 +28,10 @@ from glm5.core.checkpoint import (
     FLOAT_DTYPES,
     CheckpointError,
     ShardWriter,
-    _shared_copies,
     check_shared_copy,
     hf_names,
     read_config,
+    shared_copies,
     without_absent_mtp,
 )
 from glm5.infra.progress import Phases
@@ -127,7 +127,7 @@ def convert(
     config = without_absent_mtp(GLM5Config.from_dict(raw), reader.where, src)
     with torch.device("meta"):
         model = GLM5ForCausalLM(config, backend=backend, dtype=dtype)
-    copies = {k: v for k, v in _shared_copies(config).items() if k in reader}
+    copies = {k: v for k, v in shared_copies(config).items() if k in reader}
     missing, unexpected, mismatched = reader.fit(model, copies)  # an FP8 source: its scales too
     if missing or unexpected or mismatched:
         raise CheckpointError(missing, unexpected, mismatched)

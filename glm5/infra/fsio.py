@@ -373,3 +373,24 @@ def regular_file(p: Path, what: str) -> None:
         raise ValueError(f"{what}: {p} does not exist") from None
     if not stat.S_ISREG(st.st_mode):
         raise ValueError(f"{what}: {p} is not a regular file")
+
+
+def one_writer(
+    out: str | Path, lock: str | Path | None = None, hint: str = "'--out'"
+) -> contextlib.ExitStack:
+    """Take the lock of the output `out` now (default `.NAME.lock` beside it, `exclusive`; its directory is
+    made if missing), held until the returned stack closes (`with one_writer(out): ...`): a second writer of
+    the same output is refused with a click usage error of one line naming `hint` and the holder's pid, as
+    is a lock that cannot be made (every command line that writes an output: glm5's and conformance's)."""
+    import click
+
+    lock = Path(lock or lock_path(out))
+    stack = contextlib.ExitStack()
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        stack.enter_context(exclusive(lock, out))
+    except OutputBusy as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+    except OSError as exc:
+        raise click.BadParameter(describe(exc), param_hint=hint) from None
+    return stack

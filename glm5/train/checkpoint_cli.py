@@ -9,8 +9,9 @@ from pathlib import Path
 
 import click
 
-from glm5.cli_args import one_line_errors, one_writer
+from glm5.cli_args import one_line_errors
 from glm5.infra import fsio
+from glm5.infra.fsio import one_writer
 
 
 def _source(value: str, sharded: bool) -> Path:

@@ -35,7 +35,7 @@ _PR_SET_PDEATHSIG = 1
 
 def rank_lock(out: Path, rank: int) -> contextlib.ExitStack:
     """The lock a rank holds while it lives (released by the kernel when it dies, however it dies)."""
-    from glm5.cli_args import one_writer
+    from glm5.infra.fsio import one_writer
 
     return one_writer(out, Path(out) / f"{RANK_LOCK}{rank}")
 
@@ -170,7 +170,7 @@ def launch(out: Path, nproc: int) -> None:
 def run_lock(out: Path, check_ranks: bool = True) -> contextlib.ExitStack:
     """The run's lock, `OUT/.lock`, for the launcher or the single process (`check_ranks`: and no rank of
     an earlier run left); one line naming --out if another process holds either."""
-    from glm5.cli_args import one_writer
+    from glm5.infra.fsio import one_writer
 
     stack = one_writer(out, Path(out) / ".lock")
     if check_ranks:

@@ -29,11 +29,10 @@ from glm5.core.cache import StepSlots
 from glm5.core.checkpoint import TensorFiles, read_config, without_absent_mtp
 from glm5.core.config import GLM5Config
 from glm5.core.layers import rope_angles
-from glm5.core.model import GLM5ForCausalLM
+from glm5.core.model import GLM5ForCausalLM, logprobs
 from glm5.loader import is_quantized
 from glm5.parallel import agreement, invariant
 from glm5.parallel.plan import check as check_plan
-from glm5.train.rl.rollout import logprobs
 from glm5.vllm.cache import Glm5CacheLayer, Glm5StepMetadata
 from glm5.vllm.fp8_cache import CacheFormats, FP8CacheOps, FP8PagedCaches
 from glm5.vllm.parallel import decode_tokens, groups
@@ -190,7 +189,7 @@ class Glm5BackendsForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The head's logits; in the layout-invariant mode log-probs at GLM5_LOGPROB_TEMPERATURE by the
-        trainer's function (glm5.train.rl.rollout.logprobs, SPEC 12's log-softmax): vLLM samples the same
+        trainer's function (glm5.core.model.logprobs, SPEC 12's log-softmax): vLLM samples the same
         distribution from them at temperature 1 and, with logprobs_mode="raw_logits", returns their bits."""
         with invariant.from_env(self.backend):
             logits = self.glm.lm_head(hidden_states)

@@ -1,4 +1,5 @@
-"""GLM-5 weights through vLLM's weight iterator, each rank keeping only its slice.
+"""GLM-5 checkpoint tensors into a model, each rank keeping only its slice: vLLM's weight iterator into the
+plugin's model (glm5/vllm), and the trainer's weight pushes into its rollout engine (glm5/train/rl/engines).
 
 The checkpoint names are glm5/core/checkpoint.py's (`hf_names`: per-expert tensors stacked into the
 `STACKED_EXPERTS` parameters, the DeepSeek-style MTP copies of the embedding and head); those of the
@@ -14,14 +15,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from glm5.core.checkpoint import FLOAT_DTYPES, CheckpointError, _shared_copies, hf_names
+from glm5.core.checkpoint import FLOAT_DTYPES, CheckpointError, hf_names, shared_copies
 from glm5.parallel.plan import ShardInfo, apply, local_slice
-from glm5.vllm.parallel import Groups
 from glm5.weights import quantized as quant_weights
+
+if TYPE_CHECKING:  # the vLLM host's groups; this module imports neither vLLM nor the plugin
+    from glm5.vllm.parallel import Groups
 
 
 class CheckpointNames:
@@ -42,7 +46,7 @@ class CheckpointNames:
             for hf, sd, e in hf_names(model)
             if hf not in self.quant and not sd.startswith(qprefix)
         }
-        self.copies = _shared_copies(model.config)  # repeated tensors: accepted, not loaded twice
+        self.copies = shared_copies(model.config)  # repeated tensors: accepted, not loaded twice
         self.needed = Counter(sd for sd, _ in self.params.values())
 
 

@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-from glm5.core.model import GLM5ForCausalLM
+from glm5.core.model import GLM5ForCausalLM, logprobs
 from glm5.parallel.invariant import layout_invariant
 
 
@@ -59,19 +59,13 @@ def sample(
     logits = policy(prompts, cache).logits[:, -1]  # [B, V]
     toks, logp_roll = [], []
     for i in range(new_tokens):
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        logp = logprobs(logits, temperature)
         t = torch.multinomial(logp.exp().cpu(), 1, generator=generator).to(logp.device)  # [B, 1]
         toks.append(t[:, 0])
         logp_roll.append(logp.gather(1, t)[:, 0])
         if i + 1 < new_tokens:
             logits = policy(t, cache).logits[:, -1]
     return torch.stack(toks, 1), torch.stack(logp_roll, 1)
-
-
-def logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log pi over the vocabulary at `temperature`, fp32 [..., V]: the trainer's, and in the layout-invariant
-    mode the vLLM plugin's head (glm5/vllm/model.py), so both sides give SPEC 12's bits."""
-    return torch.log_softmax(logits.float() / temperature, -1)
 
 
 def sequence_logprobs(
