@@ -79,7 +79,7 @@ def check_run(
         )
     saved = None
     if ckpt is not None:
-        if dist_state.dist_state.is_sharded(ckpt):
+        if dist_state.is_sharded(ckpt):
             verify(ckpt, trainer=True, checksums=checksums)
             read_config(ckpt)  # what each rank builds its model from: checked here, once
         saved = load_trainer_state(ckpt)
@@ -90,7 +90,7 @@ def check_run(
         except (TypeError, ValueError) as exc:
             f = ckpt / "trainer" / "trainer_state.json"
             raise BadCheckpointFile(f, f"config: {(str(exc).splitlines() or ['invalid'])[0]}") from None
-    if cfg.init and dist_state.dist_state.is_sharded(cfg.init):
+    if cfg.init and dist_state.is_sharded(cfg.init):
         verify(cfg.init, trainer=False, checksums=checksums)
         read_config(Path(cfg.init))
     if mesh is not None:
