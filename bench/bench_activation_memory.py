@@ -1,5 +1,6 @@
-"""Saved-activation memory of one training step with per-layer activation modes (glm5/train/activations.py):
-none vs recompute vs offload, measured in one run on the same model and batch.
+"""Saved-activation memory of one training step with per-layer activation modes
+(glm5/train/loop/activations.py): none vs recompute vs offload, measured in one run on the same model and
+batch.
 
 The figure is what the backward will need, held on the compute device when the forward ends (the peak of
 saved activations: the backward only frees them): the distinct storages autograd saved outside any
@@ -27,8 +28,8 @@ import torch  # noqa: E402
 
 from glm5.core.config import GLM5Config  # noqa: E402
 from glm5.core.model import GLM5ForCausalLM  # noqa: E402
-from glm5.train.activations import MODES, checkpoint_layers  # noqa: E402
-from glm5.train.losses import lm_and_mtp  # noqa: E402
+from glm5.train.loop.activations import MODES, checkpoint_layers  # noqa: E402
+from glm5.train.loop.losses import lm_and_mtp  # noqa: E402
 
 
 def _step(model: GLM5ForCausalLM, ids: torch.Tensor, mtp_steps: int) -> tuple[int, float]:

@@ -23,10 +23,10 @@ import torch.multiprocessing as mp
 
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
-from glm5.train.muon import blocks_for, uses_adamw
-from glm5.train.muon_dist import DistributedMuon
-from glm5.train.muon_figures import muon_bytes, muon_params
-from glm5.train.muon_layout import SCHEMES
+from glm5.train.muon.layout import SCHEMES
+from glm5.train.muon.optimizer import blocks_for, uses_adamw
+from glm5.train.muon.sharded import DistributedMuon
+from glm5.train.muon.traffic import muon_bytes, muon_params
 
 
 def _rank(rank: int, world: int, port: int, steps: int, queue) -> None:

@@ -66,7 +66,7 @@ def _st_rewrite(f: Path, fn) -> None:
 
 
 def _restamp(ckpt: Path, name: str) -> None:
-    from glm5.train.dist_manifest import file_record
+    from glm5.train.distributed.manifest import file_record
 
     man = json.loads((ckpt / "manifest.json").read_text())
     man["files"][name] = file_record(ckpt / name)

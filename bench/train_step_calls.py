@@ -27,7 +27,7 @@ def step_calls(
 ) -> tuple[Counter, Counter]:
     """(the backend's call counter, the reference forward functions' runs) in one training step."""
     from backends.counters import REFERENCE_CALLS
-    from glm5.train.loop import TrainConfig, Trainer
+    from glm5.train.loop.trainer import TrainConfig, Trainer
 
     config = TrainConfig(
         backend=backend, stage=stage, mtp_steps=mtp_steps, steps=1, batch_size=2, seq_len=16, **cfg

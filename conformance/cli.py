@@ -229,9 +229,9 @@ def check_outputs(paths: dict[str, str | None]) -> dict[str, str]:
 
 
 def lock_outputs(outputs: dict[str, str], locks: contextlib.ExitStack) -> None:
-    """Take each report's output lock into `locks` (glm5.cli_args.one_writer: a second writer is one line
+    """Take each report's output lock into `locks` (glm5.infra.fsio.one_writer: a second writer is one line
     naming the option)."""
-    from glm5.cli_args import one_writer
+    from glm5.infra.fsio import one_writer
 
     for opt, p in outputs.items():
         locks.enter_context(one_writer(p, hint=f"'{opt}'"))

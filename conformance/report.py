@@ -182,7 +182,7 @@ def output_problem(path: str | os.PathLike) -> str | None:
 
 def write_text_report(path: str | os.PathLike, text: str) -> None:
     """Replace the report at `path` in one step (a reader sees the old report or the new, never half)."""
-    from glm5.core.fsio import write_text_atomic
+    from glm5.infra.fsio import write_text_atomic
 
     write_text_atomic(path, text)
 

@@ -73,7 +73,7 @@ class _LazyGroup(click.Group):
         except OSError as exc:
             if exc.errno not in (*DISK_ERRNOS, *ACCESS_ERRNOS):
                 raise
-            from glm5.core.fsio import describe
+            from glm5.infra.fsio import describe
 
             if exc.errno in ACCESS_ERRNOS:  # a source the user cannot read, an output they cannot write
                 raise click.ClickException(describe(exc)) from None

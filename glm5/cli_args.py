@@ -200,24 +200,3 @@ def check_positions(config: Any, used: int, hint: str, what: str) -> None:
             f"{what}: {used} positions, more than this model's max_position_embeddings={limit}",
             param_hint=hint,
         )
-
-
-def one_writer(
-    out: str | Path, lock: str | Path | None = None, hint: str = "'--out'"
-) -> contextlib.ExitStack:
-    """Take the lock of the output `out` now (default `.NAME.lock` beside it, glm5.core.fsio.exclusive; its
-    directory is made if missing), held until the returned stack closes (`with one_writer(out): ...`): a
-    second writer of the same output is refused with one line naming `hint` and the holder's pid, as is
-    a lock that cannot be made."""
-    from glm5.core import fsio
-
-    lock = Path(lock or fsio.lock_path(out))
-    stack = contextlib.ExitStack()
-    try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        stack.enter_context(fsio.exclusive(lock, out))
-    except fsio.OutputBusy as exc:
-        raise click.BadParameter(str(exc), param_hint=hint) from None
-    except OSError as exc:
-        raise click.BadParameter(fsio.describe(exc), param_hint=hint) from None
-    return stack

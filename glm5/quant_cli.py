@@ -9,8 +9,9 @@ from pathlib import Path
 
 import click
 
-from glm5.cli_args import backend_choice, model_option, one_line_errors, one_writer
-from glm5.core import fsio
+from glm5.cli_args import backend_choice, model_option, one_line_errors
+from glm5.infra import fsio
+from glm5.infra.fsio import one_writer
 from quant import recipe as recipes
 from quant.load import FORMATS
 
@@ -147,7 +148,7 @@ def quantize(
     be = backend_choice(backend)
 
     from glm5.core.checkpoint import CheckpointError, NotACheckpoint
-    from glm5.core.progress import Phases
+    from glm5.infra.progress import Phases
     from quant.data import token_batch
     from quant.stream import NotASource, convert
 

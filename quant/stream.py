@@ -28,13 +28,13 @@ from glm5.core.checkpoint import (
     FLOAT_DTYPES,
     CheckpointError,
     ShardWriter,
-    _shared_copies,
     check_shared_copy,
     hf_names,
     read_config,
+    shared_copies,
     without_absent_mtp,
 )
-from glm5.core.progress import Phases
+from glm5.infra.progress import Phases
 from quant.apply import plan_model, quantize_modules
 from quant.calibrate import begin, calibrate_layer
 from quant.formats import compressed_tensors, fp8, modelslim
@@ -112,7 +112,7 @@ def convert(
 ) -> dict[str, Scheme]:
     """Write `src` as `fmt` ('compressed-tensors' | 'modelslim': quantized by `recipe`, calibrated on
     calib_ids [B, S] or data-free; 'fp8': block FP8) to `out`, atomically, one layer in memory at a time.
-    `progress` (glm5.core.progress.Phases) shows each phase and layer. Returns the plan (empty for fp8)."""
+    `progress` (glm5.infra.progress.Phases) shows each phase and layer. Returns the plan (empty for fp8)."""
     from glm5.core.config import GLM5Config
     from glm5.core.model import GLM5ForCausalLM
 
@@ -127,7 +127,7 @@ def convert(
     config = without_absent_mtp(GLM5Config.from_dict(raw), reader.where, src)
     with torch.device("meta"):
         model = GLM5ForCausalLM(config, backend=backend, dtype=dtype)
-    copies = {k: v for k, v in _shared_copies(config).items() if k in reader}
+    copies = {k: v for k, v in shared_copies(config).items() if k in reader}
     missing, unexpected, mismatched = reader.fit(model, copies)  # an FP8 source: its scales too
     if missing or unexpected or mismatched:
         raise CheckpointError(missing, unexpected, mismatched)

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from torch.distributed.checkpoint.api import CheckpointException
 
 from glm5.cli import main
-from glm5.core import fsio
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
-from glm5.train import dist_state
+from glm5.infra import fsio
+from glm5.train.distributed import checkpoint as dist_state
 
 
 def _one_line(res, code, *words):

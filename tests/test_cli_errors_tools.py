@@ -168,7 +168,7 @@ def test_conformance_reports_are_replaced_atomically(tmp_path):
 
 
 def test_conformance_report_has_one_writer(tmp_path):
-    from glm5.core.fsio import exclusive, lock_path
+    from glm5.infra.fsio import exclusive, lock_path
 
     out = tmp_path / "r.json"
     with exclusive(lock_path(out)):  # another run writing the same report

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from glm5.cli import main
-from glm5.core import fsio
-from glm5.train.loop import TrainConfig, Trainer
-from glm5.train.state import checkpoints, latest_checkpoint, save_checkpoint
+from glm5.infra import fsio
+from glm5.train.loop.state import checkpoints, latest_checkpoint, save_checkpoint
+from glm5.train.loop.trainer import TrainConfig, Trainer
 
 SMALL = dict(batch_size=1, seq_len=16, eval_every=2, eval_batches=1, save_every=1, max_bytes=64 << 10)
 ARGS = [

@@ -1,5 +1,5 @@
 """A resumed run draws the same random numbers as the run it continues: the checkpoint's RNG file
-restores the CPU generator (and the accelerator's, tested in tests/glm5/train/test_rng_state.py)."""
+restores the CPU generator (and the accelerator's, tested in tests/glm5/train/loop/test_rng_state.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from glm5.train import state
+from glm5.train.loop import state
 
 
 class _Model:

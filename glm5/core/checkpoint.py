@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from glm5.core import fsio
 from glm5.core.config import GLM5Config
+from glm5.infra import fsio
 
 log = logging.getLogger("glm5")
 
@@ -148,7 +148,7 @@ def state_hf_names(state: Mapping[str, torch.Tensor], tied: bool) -> Iterator[tu
             yield name, name, None
 
 
-def _shared_copies(config: GLM5Config) -> dict[str, str]:
+def shared_copies(config: GLM5Config) -> dict[str, str]:
     """DeepSeek-style checkpoints repeat the shared embedding and head inside each MTP layer."""
     out = {}
     for j in range(config.num_nextn_predict_layers):
@@ -291,7 +291,7 @@ def fit_report(
 ) -> tuple[list[str], list[str], list[str]]:
     """(missing, unexpected, mis-shaped) tensors of a checkpoint holding the names `present`, with stored
     shapes `shape_of(name)`, against `expected` (name -> shape; default `expected_shapes(model)`, a float
-    checkpoint); `copies` (`_shared_copies`) are accepted when present, at the shape of the tensor they
+    checkpoint); `copies` (`shared_copies`) are accepted when present, at the shape of the tensor they
     repeat."""
     params = model.state_dict(keep_vars=True)
     expected = expected_shapes(model) if expected is None else expected
@@ -328,7 +328,7 @@ def load_pretrained(
         model = cls(config, backend=backend, dtype=dtype)
     device = model.backend.device
     expected = {hf: (sd, e) for hf, sd, e in hf_names(model)}
-    copies = _shared_copies(config)
+    copies = shared_copies(config)
     missing, unexpected, mismatched = fit_report(model, wmap, files.shape, copies)
     if missing or mismatched or (unexpected and strict):
         raise CheckpointError(missing, unexpected if strict else [], mismatched)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from glm5.core import fsio
+from glm5.infra import fsio
 
 #: msModelSlim's description file: it marks a quantized export as config.json's quantization_config does
 MODELSLIM_DESCRIPTION = "quant_model_description.json"

@@ -61,6 +61,13 @@ class LMHead(nn.Linear):
         return step.backend.linear_cross_entropy(h, self.weight, targets)
 
 
+def logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log pi over the vocabulary at `temperature`, fp32 [..., V]: the one log-softmax of the output logits
+    that the trainer (glm5/train/rl/rollout.py) and, in the layout-invariant mode, the vLLM plugin's head
+    (glm5/vllm/model.py) both take, so both sides give SPEC 12's bits."""
+    return torch.log_softmax(logits.float() / temperature, -1)
+
+
 class SharedHead(nn.Module):
     """The MTP layer's own final norm; the projection is the model's lm_head (shared)."""
 

@@ -5,7 +5,7 @@ What the plugin shards (glm5/vllm/model.py, glm5/vllm/parallel.py, glm5/parallel
 - tensor parallel inside one node: whole heads of the MLA up-projections, row-parallel o_proj / down
   projections, vocab-parallel embedding and head; router, indexer and the latent / indexer caches whole on
   every rank. A quantized checkpoint (W8A8, W4A8, GLM-5-FP8) is split the same way and read through
-  vLLM's weight iterator, each rank reading only its slice of every stored tensor (glm5/vllm/weights.py):
+  vLLM's weight iterator, each rank reading only its slice of every stored tensor (glm5/weights/load.py):
   at load a rank holds its weights plus one weight in flight (`load_peak_bytes`);
 - expert parallel only over the tensor-parallel group (whole experts per TP rank), so no data parallelism
   beside it; no data-parallel attention: data parallelism is whole independent replicas;

@@ -27,10 +27,10 @@ from glm5.cli_args import (
     check_preset_fits,
     model_option,
     one_line_errors,
-    one_writer,
 )
-from glm5.core import fsio
-from glm5.core.progress import Phases
+from glm5.infra import fsio
+from glm5.infra.fsio import one_writer
+from glm5.infra.progress import Phases
 
 if TYPE_CHECKING:  # onnx is imported when the command runs, so that its --help works without the extra
     import onnx

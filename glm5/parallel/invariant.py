@@ -40,7 +40,7 @@ NotLayoutInvariant = num.NotLayoutInvariant
 FUSED_LOSS = (
     "linear_cross_entropy: the fused loss is not layout-invariant (its log-sum-exp is the backend's own "
     "sum); in the layout-invariant mode take log-probs from the logits (log_softmax, as "
-    "glm5.train.rollout.sequence_logprobs does)"
+    "glm5.train.rl.rollout.sequence_logprobs does)"
 )
 
 

@@ -8,8 +8,9 @@ when they hold different tokens or there is no model axis); `partial`, the copie
 rank computes from its own tokens only (sequence parallel's norms, glm5/parallel/sequence.py).
 Nothing is stored on the tensors themselves, so the description survives FSDP2 replacing them: on a
 2-D mesh FSDP2 then chunks each tensor's dim 0 over the dp ranks, and that chunk is FSDP2's DTensor
-placement, composed on top by whoever reads both (glm5/train/muon_layout.py for Muon,
-glm5/train/dist_state.py for DCP, glm5/train/distributed.py for the gradient sums and norm).
+placement, composed on top by whoever reads both (glm5/train/muon/layout.py for Muon,
+glm5/train/distributed/checkpoint.py for DCP, glm5/train/distributed/runtime.py for the gradient sums and
+norm).
 
 Readers look a tensor up by its name (`layouts.get(name)`, `layouts.copies`), or by the tensor object
 through `by_tensor(model)`, built when the optimizers or the gradient clip are set up (after FSDP2, whose

@@ -20,7 +20,7 @@ runs without it.
 
 A norm's weight is a whole copy on every tp rank, but each rank's gradient of it comes from its own rows
 only: the Layouts mark it `partial` (glm5/parallel/layout.py) and the trainer sums it over the group before
-the step (glm5/train/distributed.py, `Dist.sync_replicated_grads`).
+the step (glm5/train/distributed/runtime.py, `Dist.sync_replicated_grads`).
 
 A step's tokens must divide by tp (`scatter` says so in one line otherwise). In the layout-invariant mode
 the exact row-parallel sum is computed whole and each rank keeps its rows: a norm and an add are row-wise,

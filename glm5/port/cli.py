@@ -31,7 +31,7 @@ def init_cmd(name: str, directory: str | None, force: bool) -> None:
         sys.exit(2)
     except OSError as exc:  # a name too long for the file system, a symlink loop, a read-only parent
         from glm5.cli import DISK_ERRNOS
-        from glm5.core.fsio import describe
+        from glm5.infra.fsio import describe
 
         if exc.errno in DISK_ERRNOS:
             raise  # a full disk: glm5's one line, exit 1

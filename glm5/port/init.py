@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 from string import Template
 
-from glm5.core import fsio
+from glm5.infra import fsio
 from glm5.port.example import EXAMPLE_OP, EXAMPLE_OP_NAME
 
 TEMPLATES = Path(__file__).parent / "templates"

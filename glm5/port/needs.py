@@ -165,7 +165,7 @@ def derive(
 
 
 def _train_step(model, ids: torch.Tensor) -> None:
-    from glm5.train.dsa import AttentionProbe
+    from glm5.train.loop.dsa import AttentionProbe
 
     model.train().requires_grad_(True)
     probe = AttentionProbe(model, stage="sparse", track_max_logit=False)

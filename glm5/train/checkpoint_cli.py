@@ -9,12 +9,13 @@ from pathlib import Path
 
 import click
 
-from glm5.cli_args import one_line_errors, one_writer
-from glm5.core import fsio
+from glm5.cli_args import one_line_errors
+from glm5.infra import fsio
+from glm5.infra.fsio import one_writer
 
 
 def _source(value: str, sharded: bool) -> Path:
-    from glm5.train.dist_state import is_sharded
+    from glm5.train.distributed.checkpoint import is_sharded
 
     path = Path(os.path.realpath(value))  # RUN/checkpoints/latest is a symlink
     if not path.is_dir():
@@ -70,7 +71,7 @@ def checkpoint() -> None:
 @click.argument("out")
 def export_hf(src: str, out: str) -> None:
     """SRC (a sharded checkpoint, e.g. RUN/checkpoints/latest) as a Hugging Face directory OUT."""
-    from glm5.train.dist_state import export_hf as convert
+    from glm5.train.distributed.checkpoint import export_hf as convert
 
     _convert(_source(src, sharded=True), out, convert)
 
@@ -80,6 +81,6 @@ def export_hf(src: str, out: str) -> None:
 @click.argument("out")
 def import_hf(src: str, out: str) -> None:
     """The Hugging Face directory SRC as a sharded checkpoint OUT (glm5 train --nproc N --model OUT)."""
-    from glm5.train.dist_state import import_hf as convert
+    from glm5.train.distributed.checkpoint import import_hf as convert
 
     _convert(_source(src, sharded=False), out, convert)

@@ -17,10 +17,10 @@ from glm5.cli_args import (
     model_option,
     one_line_errors,
 )
-from glm5.core import fsio
+from glm5.infra import fsio
 from glm5.threads import command_threads
 from glm5.train import ownership
-from glm5.train.cli_checks import (
+from glm5.train.checks import (
     check_options_used,
     check_plan_fits,
     check_resumable_sharded,
@@ -30,7 +30,7 @@ from glm5.train.cli_checks import (
     pipeline_options,
     run_dir,
 )
-from glm5.train.muon import MODES
+from glm5.train.muon.optimizer import MODES
 
 _POS = click.IntRange(min=1)
 
@@ -298,12 +298,14 @@ def train(
 ) -> None:
     """Train GLM-5 with Muon Split, MTP and the DSA stages, or RL with IcePop (--stage rl); metrics.jsonl,
     loss.png, checkpoints in OUT."""
-    from glm5.train import distributed, loop, rl_async
-    from glm5.train.loop import TrainConfig, Trainer, check_run
+    from glm5.train.distributed import runtime as distributed
+    from glm5.train.loop import trainer as loop
+    from glm5.train.loop.trainer import TrainConfig, Trainer, check_run
     from glm5.train.plots import plot_metrics
+    from glm5.train.rl import asynchronous as rl_async
 
     if rollout_engine == "vllm":
-        from glm5.train.engine_vllm import vllm_installed
+        from glm5.train.rl.engines.vllm_engine import vllm_installed
 
         if not vllm_installed():
             raise click.BadParameter(
@@ -421,7 +423,7 @@ def train(
                 err=True,
             )
         if rollout_check:
-            from glm5.train.rollout import rollout_check as check
+            from glm5.train.rl.rollout import rollout_check as check
 
             prompts = trainer.heldout[0][:2, :32].to(trainer.device)
             stats = check(

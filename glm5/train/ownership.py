@@ -1,6 +1,6 @@
 """One owner per training run, in every process of it (`glm5 train`, and `--nproc N`'s launcher and ranks).
 
-- The launcher (or the single process) holds `OUT/.lock` (glm5.core.fsio.exclusive); each rank holds
+- The launcher (or the single process) holds `OUT/.lock` (glm5.infra.fsio.exclusive); each rank holds
   `OUT/.lock.rankR` for as long as it lives. A new writer takes `.lock` and then checks that no rank lock
   of an earlier run is still held, so orphaned ranks of a killed launcher are never joined by a second
   writer.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import click
 
-from glm5.core import fsio
+from glm5.infra import fsio
 
 RANK_LOCK = ".lock.rank"
 #: exit code of `glm5 train --nproc N` when a rank died of a signal (one line names it)
@@ -35,7 +35,7 @@ _PR_SET_PDEATHSIG = 1
 
 def rank_lock(out: Path, rank: int) -> contextlib.ExitStack:
     """The lock a rank holds while it lives (released by the kernel when it dies, however it dies)."""
-    from glm5.cli_args import one_writer
+    from glm5.infra.fsio import one_writer
 
     return one_writer(out, Path(out) / f"{RANK_LOCK}{rank}")
 
@@ -95,7 +95,7 @@ def resume_command(argv: list[str] | None = None) -> str:
 
 def where_to_resume(out: Path, argv: list[str] | None = None) -> str:
     """'the last checkpoint is ...; continue with: ...' (or that there is none yet)."""
-    from glm5.train.state import latest_checkpoint
+    from glm5.train.loop.state import latest_checkpoint
 
     ckpt = latest_checkpoint(Path(out) / "checkpoints")
     if ckpt is None:
@@ -136,7 +136,7 @@ def owner(out: Path) -> contextlib.ExitStack:
     not be ours): the launcher or the single process `OUT/.lock` (and no rank of an earlier run left), a
     rank its own `OUT/.lock.rankR` (plain torchrun: rank 0 `OUT/.lock`); a rank started by `launch` also
     dies with it from now on."""
-    from glm5.train import distributed
+    from glm5.train.distributed import runtime as distributed
 
     ranked = distributed.under_torchrun()
     launched = ranked and distributed.lock_held_by_launcher()
@@ -152,7 +152,7 @@ def launch(out: Path, nproc: int) -> None:
     ranks' exit code if one failed (one line for a rank that died of a signal), `interrupted` on Ctrl-C."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from glm5.train import distributed
+    from glm5.train.distributed import runtime as distributed
 
     sys.stdout.flush()
     quiet_agent()
@@ -170,7 +170,7 @@ def launch(out: Path, nproc: int) -> None:
 def run_lock(out: Path, check_ranks: bool = True) -> contextlib.ExitStack:
     """The run's lock, `OUT/.lock`, for the launcher or the single process (`check_ranks`: and no rank of
     an earlier run left); one line naming --out if another process holds either."""
-    from glm5.cli_args import one_writer
+    from glm5.infra.fsio import one_writer
 
     stack = one_writer(out, Path(out) / ".lock")
     if check_ranks:

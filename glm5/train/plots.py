@@ -61,7 +61,7 @@ def plot_metrics(metrics: str | Path, png: str | Path, init_eval: float | None =
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     png = Path(png)
-    from glm5.core import fsio
+    from glm5.infra import fsio
 
     # replaced in one step: a reader (an image viewer refreshing) never sees half a file
     fsio.write_file_atomically(png, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
@@ -71,7 +71,7 @@ def plot_metrics(metrics: str | Path, png: str | Path, init_eval: float | None =
 
 def _rl_figures(axes, series) -> None:
     """Stage rl: pi_train / pi_rollout (min, max, share outside [1/2, 2]); with a rollout engine
-    (glm5/train/rl_async.py) the staleness, the overlap and the rollout / train tokens per second."""
+    (glm5/train/rl/asynchronous.py) the staleness, the overlap and the rollout / train tokens per second."""
     ax, ax2 = axes
     for key, label in (("mismatch_min", "min"), ("mismatch_max", "max")):
         xs, ys = series(key)
@@ -102,7 +102,7 @@ def _rl_figures(axes, series) -> None:
 
 
 def _topk_figure(axes, recs, series) -> None:
-    """The rollout/train indexer top-k overlap per layer (glm5/train/topk_replay.py); with replay, dotted,
+    """The rollout/train indexer top-k overlap per layer (glm5/train/rl/topk_replay.py); with replay, dotted,
     that of the trainer's own indexers."""
     ax, spare = axes
     per_layer = [(r["step"], r["topk_overlap_layers"]) for r in recs if r.get("topk_overlap_layers")]

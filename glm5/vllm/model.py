@@ -2,7 +2,7 @@
 
 The network is the project's own `GLM5ForCausalLM` (glm5/core/model.py: MLA + indexer + MoE modules, the
 shared-layer top-k reuse, quantized linears), loaded through vLLM's weight iterator (float,
-compressed-tensors, msModelSlim, GLM-5-FP8; glm5/vllm/weights.py). vLLM schedules, pages the caches
+compressed-tensors, msModelSlim, GLM-5-FP8; glm5/weights/load.py). vLLM schedules, pages the caches
 (glm5/vllm/cache.py) and samples. Per step the model builds one `Step` from vLLM's metadata, so every
 hot op is the backend's (`indexer_topk`, `sparse_mla_attention`, `grouped_matmul`, `topk`, `w8a8_matmul`,
 ...). RoPE is the project's `apply_rope`, not vLLM's
@@ -29,15 +29,14 @@ from glm5.core.cache import StepSlots
 from glm5.core.checkpoint import TensorFiles, read_config, without_absent_mtp
 from glm5.core.config import GLM5Config
 from glm5.core.layers import rope_angles
-from glm5.core.model import GLM5ForCausalLM
+from glm5.core.model import GLM5ForCausalLM, logprobs
 from glm5.loader import is_quantized
 from glm5.parallel import agreement, invariant
 from glm5.parallel.plan import check as check_plan
-from glm5.train.rollout import logprobs
-from glm5.vllm import weights as weights_module
 from glm5.vllm.cache import Glm5CacheLayer, Glm5StepMetadata
 from glm5.vllm.fp8_cache import CacheFormats, FP8PagedCaches
 from glm5.vllm.parallel import decode_tokens, groups
+from glm5.weights import load as weights_module
 
 LOGPROB_TEMPERATURE = "GLM5_LOGPROB_TEMPERATURE"
 #: preferred built-in backends per device type, best first (GLM5_BACKEND overrides)
@@ -93,7 +92,7 @@ class Glm5BackendsForCausalLM(nn.Module):
                 f"{current_platform.device_type}"
             )
         #: every checkpoint loads through vLLM's weight iterator, each rank reading its slice of the plan
-        #: (glm5/vllm/weights.py); a quantized one's modules are built from its quantization config first
+        #: (glm5/weights/load.py); a quantized one's modules are built from its quantization config first
         #: (quant.load.skeleton: compressed-tensors, msModelSlim, GLM-5-FP8), then split the same way
         self.quantized = is_quantized(self.path)
         plan_groups = groups(vllm_config.parallel_config, decode_tokens(vllm_config))
@@ -190,7 +189,7 @@ class Glm5BackendsForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The head's logits; in the layout-invariant mode log-probs at GLM5_LOGPROB_TEMPERATURE by the
-        trainer's function (glm5.train.rollout.logprobs, SPEC 12's log-softmax): vLLM samples the same
+        trainer's function (glm5.core.model.logprobs, SPEC 12's log-softmax): vLLM samples the same
         distribution from them at temperature 1 and, with logprobs_mode="raw_logits", returns their bits."""
         with invariant.from_env(self.backend):
             logits = self.glm.lm_head(hidden_states)
@@ -199,7 +198,7 @@ class Glm5BackendsForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """vLLM's (name, tensor) iterator, each rank copying only its slice into the existing parameters
         (float checkpoints also for an in-place update: `update_weights`; quantized ones slice each stored
-        tensor before reading it: glm5/vllm/quant_weights.py) -> the names of the parameters loaded."""
+        tensor before reading it: glm5/weights/quantized.py) -> the names of the parameters loaded."""
         return {f"glm.{name}" for name in weights_module.load(self.glm, self.names, weights)}
 
     def process_weights_after_loading(self) -> None:

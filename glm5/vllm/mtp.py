@@ -10,7 +10,7 @@ in vLLM's pool; draft j > 1 chains the MTP layer on its own output (the pre-norm
 
 The draft is split as the target is: the one parallel plan (glm5/parallel/plan.py) over vLLM's groups, and
 a float checkpoint's MTP tensors come through vLLM's weight iterator, each rank keeping its slice
-(glm5/vllm/weights.py). It holds only the MTP layers: the embedding and the output head are the target's,
+(glm5/weights/load.py). It holds only the MTP layers: the embedding and the output head are the target's,
 which vLLM hands the draft (`embed_tokens` through the target's `model`, `lm_head` directly), split by the
 same plan.
 """
@@ -37,11 +37,11 @@ from glm5.core.model import GLM5ForCausalLM
 from glm5.loader import is_quantized
 from glm5.parallel.plan import apply
 from glm5.parallel.plan import check as check_plan
-from glm5.vllm import weights as weights_module
 from glm5.vllm.cache import Glm5CacheLayer
 from glm5.vllm.fp8_cache import CacheFormats, FP8PagedCaches
 from glm5.vllm.names import MTP_ARCHITECTURE
 from glm5.vllm.parallel import decode_tokens, groups
+from glm5.weights import load as weights_module
 
 #: the drafts vLLM would pick for a glm_moe_dsa checkpoint (SpeculativeConfig.hf_config_override)
 VLLM_MTP_ARCHITECTURES = ("DeepseekV32MTPModel", "DeepSeekMTPModel")
@@ -84,7 +84,7 @@ class Glm5BackendsMTP(nn.Module):
         if self.tp is not None:
             check_plan(c, self.tp.size, 1 if self.ep is None else self.ep.size)
         #: vLLM's iterator, each rank its slice (quantized: the MTP layers' modules from the quantization
-        #: config, quant.load.skeleton, and only their tensors loaded: glm5/vllm/quant_weights.py)
+        #: config, quant.load.skeleton, and only their tensors loaded: glm5/weights/quantized.py)
         self.quantized = is_quantized(self.path)
         if self.quantized:
             from quant.load import skeleton

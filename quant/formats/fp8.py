@@ -238,7 +238,7 @@ def load_fp8(
     """Build `cls` (GLM5ForCausalLM) from an FP8 checkpoint. fp8_modules=True: FP8Linear / FP8Experts on
     the backend's FP8 ops (the format served as published); False: every weight de-quantized to `dtype`
     (a float model, e.g. the source of `glm5 quantize`)."""
-    from glm5.core.checkpoint import _shared_copies, read_config, without_absent_mtp
+    from glm5.core.checkpoint import read_config, shared_copies, without_absent_mtp
     from glm5.core.config import GLM5Config
     from glm5.core.model import GLM5ForCausalLM
 
@@ -253,7 +253,7 @@ def load_fp8(
     cls = cls or GLM5ForCausalLM
     with torch.device("meta"):
         model = cls(config, backend=backend, dtype=dtype)
-    copies = {k: v for k, v in _shared_copies(config).items() if k in reader}
+    copies = {k: v for k, v in shared_copies(config).items() if k in reader}
     missing, unexpected, mismatched = reader.fit(model, copies)
     if missing or unexpected or mismatched:
         raise CheckpointError(missing, unexpected, mismatched)

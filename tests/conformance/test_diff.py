@@ -149,7 +149,7 @@ def test_manifest_skips_are_not_compared(tmp_path, monkeypatch):
 def test_diff_bad_input_goes_to_stderr_and_its_json_is_replaced_atomically(tmp_path, monkeypatch):
 
     from glm5.cli import main
-    from glm5.core import fsio
+    from glm5.infra import fsio
 
     res = CliRunner().invoke(main, ["conformance", "--diff", "--backend", "cpu"])
     assert res.exit_code == 2 and "exactly two" in res.stderr and "exactly two" not in res.stdout

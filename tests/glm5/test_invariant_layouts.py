@@ -188,7 +188,7 @@ def test_the_bits_are_the_same_under_every_cpu_capability_and_integer_gemm():
 
 
 def _logprobs_rank(rank: int, world: int, sampled: torch.Tensor) -> torch.Tensor:
-    from glm5.train.rollout import sequence_logprobs
+    from glm5.train.rl.rollout import sequence_logprobs
 
     model = _model("cpu")
     plan.apply(model, tp=TorchGroup(), ep=TorchGroup())  # the vocabulary-split head: logits gathered
@@ -203,7 +203,7 @@ def test_the_trainers_logprobs_at_tp2_are_the_engines_and_the_fused_loss_is_refu
     """In the mode the trainer's log-probs (whole sequences, TP 2, vocabulary-split head, log_softmax of
     the gathered logits) are the bits of the engine's (decode path, one process, unsplit); the fused
     linear cross-entropy (the backend op, or its vocabulary-split form) is refused with one error."""
-    from glm5.train.rollout import sample
+    from glm5.train.rl.rollout import sample
 
     model = _model("cpu")
     with layout_invariant(model.backend):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from glm5.core import fsio
+from glm5.infra import fsio
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,7 +82,7 @@ _NO_EXCHANGE_WRITER = textwrap.dedent(
     """
     import ctypes, os, signal, sys
     from pathlib import Path
-    from glm5.core import fsio
+    from glm5.infra import fsio
 
     class LibcWithoutRenameat2:  # as an old libc: renameat2 is not there (ENOSYS)
         def __init__(self, *args, **kwargs):

@@ -10,7 +10,7 @@ from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel import plan
 from glm5.parallel.group import Single, TorchGroup
-from glm5.train.dsa import AttentionProbe
+from glm5.train.loop.dsa import AttentionProbe
 from tests.ranks import run_ranks
 
 BACKENDS = ("reference", "cpu")

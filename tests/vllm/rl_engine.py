@@ -1,6 +1,6 @@
-"""The rollout-engine client of asynchronous RL (glm5/train/engine_vllm.py) in a fresh process (vLLM keeps
-process-wide state): start it on one tiny model's weights, sample, push another model's weights in place,
-sample again with the same seed; print one JSON line.
+"""The rollout-engine client of asynchronous RL (glm5/train/rl/engines/vllm_engine.py) in a fresh process
+(vLLM keeps process-wide state): start it on one tiny model's weights, sample, push another model's weights in
+place, sample again with the same seed; print one JSON line.
 
     python tests/vllm/rl_engine.py '{"tensor_parallel_size": 2, "layout_invariant": false}'
 
@@ -25,9 +25,9 @@ def main(spec: dict) -> dict:
 
     from glm5.core.config import GLM5Config
     from glm5.core.model import GLM5ForCausalLM
-    from glm5.train.engine_local import checkpoint_tensors
-    from glm5.train.engine_vllm import VllmEngine
-    from glm5.train.rollout import batch_invariant, sequence_logprobs
+    from glm5.train.rl.engines.local import checkpoint_tensors
+    from glm5.train.rl.engines.vllm_engine import VllmEngine
+    from glm5.train.rl.rollout import batch_invariant, sequence_logprobs
 
     cfg = GLM5Config.from_preset("tiny")
     a, b = (GLM5ForCausalLM(cfg, backend="reference").requires_grad_(False) for _ in range(2))

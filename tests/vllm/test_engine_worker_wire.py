@@ -1,4 +1,4 @@
-"""The rollout engine's worker extension (glm5/train/engine_vllm_worker.py) over vLLM's own msgpack IPC
+"""The rollout engine's worker extension (glm5/train/rl/engines/vllm_worker.py) over vLLM's own msgpack IPC
 without VLLM_ALLOW_INSECURE_SERIALIZATION: a tensor argument decodes without its data, so tensors travel as
 raw bytes and come back equal; a callable (what the engine sent before) is refused; the extension's names
 do not collide with vLLM's CPU worker (vLLM asserts on a collision when it mixes the class in)."""
@@ -27,7 +27,7 @@ def ipc(monkeypatch):
 
 
 def test_named_tensors_cross_vllm_ipc_as_bytes(ipc):
-    from glm5.train.engine_vllm_worker import named_to_wire, tensor_from_wire
+    from glm5.train.rl.engines.vllm_worker import named_to_wire, tensor_from_wire
 
     named = [
         ("a.weight", torch.randn(7, 5, dtype=torch.bfloat16)),
@@ -55,9 +55,9 @@ def test_tensors_and_callables_do_not_cross_without_the_flag(ipc):
 def test_extension_names_do_not_collide_with_the_cpu_worker():
     from vllm.v1.worker.cpu_worker import CPUWorker
 
-    from glm5.train.engine_vllm import WORKER_EXTENSION
-    from glm5.train.engine_vllm_worker import RolloutWorkerExtension
+    from glm5.train.rl.engines.vllm_engine import WORKER_EXTENSION
+    from glm5.train.rl.engines.vllm_worker import RolloutWorkerExtension
 
-    assert WORKER_EXTENSION == "glm5.train.engine_vllm_worker.RolloutWorkerExtension"
+    assert WORKER_EXTENSION == "glm5.train.rl.engines.vllm_worker.RolloutWorkerExtension"
     own = [a for a in dir(RolloutWorkerExtension) if not a.startswith("__")]
     assert own and not [a for a in own if hasattr(CPUWorker, a)]

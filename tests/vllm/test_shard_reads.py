@@ -19,12 +19,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from glm5.core.checkpoint import CheckpointError, TensorFiles, _shared_copies, read_config, weight_files
+from glm5.core.checkpoint import CheckpointError, TensorFiles, read_config, shared_copies, weight_files
 from glm5.core.config import GLM5Config
 from glm5.loader import load_model
 from glm5.parallel import plan
-from glm5.vllm import weights
 from glm5.vllm.parallel import Groups
+from glm5.weights import load as weights
 from quant.load import export, skeleton
 from quant.quantize import quantize_model
 from quant.recipe import Recipe
@@ -120,7 +120,7 @@ def _sizes(path: Path, shards: dict, only: tuple[str, ...] = ("",)) -> tuple[int
     """(bytes of the tensors the plan leaves whole, bytes of those it splits) among those whose names start
     with one of `only`, the MTP copies left out."""
     whole = split = 0
-    copies = set(_shared_copies(GLM5Config.from_dict(read_config(path))))
+    copies = set(shared_copies(GLM5Config.from_dict(read_config(path))))
     for f in set(weight_files(path).values()):
         with safe_open(f, framework="pt") as h:
             for name in h.keys():  # noqa: SIM118

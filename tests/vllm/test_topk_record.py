@@ -1,8 +1,8 @@
-"""The vLLM rollout engine records the indexer top-k per generated token (glm5/train/topk_replay.py: hooks
+"""The vLLM rollout engine records the indexer top-k per generated token (glm5/train/rl/topk_replay.py: hooks
 installed in each worker by the engine's worker extension, rows mapped to requests through the model
 runner's input batch), and the training forward over the same tokens selects those sets (same weights),
 or attends to them exactly under replay.
-The in-process engine's record/replay: tests/glm5/train/test_topk_replay.py."""
+The in-process engine's record/replay: tests/glm5/train/rl/test_topk_replay.py."""
 
 from __future__ import annotations
 

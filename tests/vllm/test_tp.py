@@ -1,5 +1,5 @@
 """GLM-5 split over two vLLM CPU workers by the one parallel plan (glm5/parallel/plan.py, vLLM's groups as the
-host: glm5/vllm/parallel.py), weights through vLLM's iterator (glm5/vllm/weights.py).
+host: glm5/vllm/parallel.py), weights through vLLM's iterator (glm5/weights/load.py).
 
 TP=2 (GLM5_VALIDATE=topk on): greedy tokens equal TP=1 and `glm5 generate` per prompt (three prompts of 5,
 40 and 23 tokens, index_topk 16, the tiny F F S F pattern, chunked prefill: 16 tokens per step); prompt

@@ -1,5 +1,5 @@
-"""The vLLM rollout engine recording the indexer top-k (glm5/train/engine_vllm.py with record_topk,
-glm5/train/topk_replay.py) in a fresh process (vLLM keeps process-wide state): sample, then run the
+"""The vLLM rollout engine recording the indexer top-k (glm5/train/rl/engines/vllm_engine.py with record_topk,
+glm5/train/rl/topk_replay.py) in a fresh process (vLLM keeps process-wide state): sample, then run the
 training forward over the same tokens with the record; print one JSON line.
 
     python tests/vllm/topk_engine.py '{"tensor_parallel_size": 1}'
@@ -20,9 +20,9 @@ def main(spec: dict) -> dict:
 
     from glm5.core.config import GLM5Config
     from glm5.core.model import GLM5ForCausalLM
-    from glm5.train.engine_local import checkpoint_tensors
-    from glm5.train.engine_vllm import VllmEngine
-    from glm5.train.topk_replay import RolloutTopk
+    from glm5.train.rl.engines.local import checkpoint_tensors
+    from glm5.train.rl.engines.vllm_engine import VllmEngine
+    from glm5.train.rl.topk_replay import RolloutTopk
 
     cfg = GLM5Config.from_preset("tiny")
     model = GLM5ForCausalLM(cfg, backend="reference").requires_grad_(False)

@@ -170,7 +170,7 @@ def test_fp8_rollout_backend_is_the_cpu_itself(cpu):
 def test_fp8_rollout_on_the_cpu_backend_never_calls_the_reference():
     from glm5.core.config import GLM5Config
     from glm5.core.model import GLM5ForCausalLM
-    from glm5.train.rollout import rollout_check
+    from glm5.train.rl.rollout import rollout_check
 
     m = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend="cpu")
     m.init_weights(0)

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from glm5.cli import main
 from glm5.core.model import GLM5ForCausalLM
-from glm5.train.loop import NothingToResume, RunExists, TrainConfig, Trainer
-from glm5.train.state import LATEST, checkpoints, latest_checkpoint, save_checkpoint
+from glm5.train.loop.state import LATEST, checkpoints, latest_checkpoint, save_checkpoint
+from glm5.train.loop.trainer import NothingToResume, RunExists, TrainConfig, Trainer
 
 SMALL = dict(batch_size=1, seq_len=16, eval_every=2, eval_batches=1, save_every=1, max_bytes=64 << 10)
 ARGS = [
