@@ -53,7 +53,7 @@ def _rank_main(rank: int, world: int, port: int, fn: Callable, args: tuple, queu
         raise
 
 
-def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 300.0) -> list[Any]:
+def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 600.0) -> list[Any]:
     """fn(rank, world, *args) on `world` gloo processes -> the results in rank order."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
