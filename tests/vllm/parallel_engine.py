@@ -13,7 +13,9 @@ In order, per spec key: greedy tokens and prompt log-probs of `prompts`; every w
 caches that hold rows (a non-zero value: vLLM allocates the caches zeroed); "update_from": a second float
 checkpoint's tensors pushed in place (`update_weights`), then the prompts again ("updated_tokens");
 "perturb_layer": rank 1's indexer of that layer fed a perturbed input, then the prompts again, the error
-kept ("perturbed").
+kept ("perturbed"); "probe": true (tensor_parallel_size 1): tests/vllm/pools_engine.py's probe of the cache
+ops and copies ("probe"), so that one engine answers tests/vllm/test_generate.py, test_tp.py and
+test_pools_engine.py (tests/vllm/conftest.py: reference_tp1).
 """
 
 from __future__ import annotations
@@ -137,6 +139,12 @@ def main(spec: dict) -> dict:
     if spec.get("data_parallel_size", 1) > 1:
         return data_parallel(spec)
 
+    probe = None
+    if spec.get("probe"):
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from tests.vllm.pools_engine import install
+
+        probe = install(spec)
     t0 = time.perf_counter()
     llm = LLM(
         spec["model"],
@@ -177,6 +185,8 @@ def main(spec: dict) -> dict:
     out["bytes"] = llm.apply_model(_bytes)
     out["cache_bytes"] = llm.apply_model(_cache_bytes)
     out["stats"] = llm.apply_model(_stats)[0]
+    if probe is not None:
+        out["probe"] = probe.report()
     if spec.get("update_from"):
         from safetensors.torch import load_file
 

@@ -97,7 +97,9 @@ def _storage(t) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def main(spec: dict) -> dict:
+def install(spec: dict) -> Probe:
+    """The probe on $GLM5_BACKEND and the plugin's classes, in this process, before the engine starts
+    (tests/vllm/parallel_engine.py installs it too, with "probe": true, at tensor_parallel_size 1)."""
     import backends
     from backends.cache_layout import MLACacheLayout
     from glm5.vllm.cache import Glm5CacheLayer
@@ -109,6 +111,11 @@ def main(spec: dict) -> dict:
     probe = Probe(backend)
     Glm5CacheLayer.bind_kv_cache = probe.bind(Glm5CacheLayer.bind_kv_cache)
     Glm5BackendsForCausalLM.forward = probe.forward(Glm5BackendsForCausalLM.forward)
+    return probe
+
+
+def main(spec: dict) -> dict:
+    probe = install(spec)
     return {**engine.main(spec), "probe": probe.report()}
 
 

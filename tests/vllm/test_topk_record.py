@@ -18,13 +18,16 @@ BACKEND = "reference"
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_vllm_engine_records_the_indexer_topk_per_request(tmp_path, tp):
+def test_vllm_engine_records_the_indexer_topk_per_request(tiny_checkpoint, tmp_path, request, tp):
     if not available(BACKEND):
         pytest.skip(f"backend {BACKEND!r} not available here")
-    env = engine_env(BACKEND, **({"VLLM_CPU_OMP_THREADS_BIND": "0|1"} if tp > 1 else {}))
-    env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # the record crosses vLLM's IPC without pickle
-    script = Path(__file__).with_name("topk_engine.py")
-    r = run_engine(tmp_path, BACKEND, env=env, script=script, tensor_parallel_size=tp)
+    if tp == 2:
+        r = request.getfixturevalue("rollout_tp2")  # the session's TP=2 rollout engine (conftest.py)
+    else:
+        env = engine_env(BACKEND)
+        env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # the record crosses vLLM's IPC without pickle
+        script = Path(__file__).with_name("rollout_engine.py")
+        r = run_engine(tmp_path, BACKEND, env=env, script=script, model=str(tiny_checkpoint), topk=True)
     assert r["shape"] == [6, 6, 3, 16], r  # [requests, generated tokens, indexer layers, index_topk]
     assert r["overlap"] == 1.0 and r["overlap_layers"] == [1.0, 1.0, 1.0], r  # rows mapped to requests
     assert r["replayed_equal"], r

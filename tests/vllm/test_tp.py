@@ -36,12 +36,9 @@ TP2 = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "GLM5_VALIDATE": "topk"}
 
 
 @pytest.fixture(scope="module")
-def tp1(tiny_checkpoint, prompts, tmp_path_factory) -> dict:
-    if not available(BACKEND):
-        pytest.skip(f"backend {BACKEND!r} not available here")
-    return run_engine(
-        tmp_path_factory.mktemp("tp1"), BACKEND, script=ENGINE, model=str(tiny_checkpoint), prompts=prompts
-    )
+def tp1(reference_tp1) -> dict:
+    """This file's ENGINE at TP=1 on BACKEND: the session's engine (conftest.py)."""
+    return reference_tp1
 
 
 @pytest.fixture(scope="module")
