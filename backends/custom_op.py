@@ -61,7 +61,3 @@ def run_backward(key: str, op: str, args: dict[str, Any], outputs: tuple, grad_o
     grads = instance(key).run_backward(op, args, outputs, grad_outputs)
     seen = {**args, **{f"out{i}": o for i, o in enumerate(outputs)}}
     return _fresh(tuple(grads), {**seen, **{f"grad{i}": g for i, g in enumerate(grad_outputs)}})
-
-
-def _lib_op(name: str):
-    return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=())
