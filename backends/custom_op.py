@@ -10,7 +10,6 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
