@@ -17,12 +17,12 @@ what runs inside the compiled graph is counted by `Backend.calls` and shadow-che
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from backends.interface import Backend
+#: the `backends.interface.Backend` a hook is called with (typed Any: this module sits below the interface)
+Backend = Any
 
 
 class _NotOverridden:
