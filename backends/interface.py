@@ -1,12 +1,14 @@
 """The backend interface: one method per op of SPEC 2, with the argument names of SPEC 6.
 
 `Backend` does what every backend shares, in two halves:
-- the front door (the op methods below): validate shapes, dtypes and devices (`backends.validation`,
-  no host reads), value-check a layout once per `SeqLayout` object (every value check on every call
-  only under GLM5_VALIDATE=values), check the declared capabilities and raise `NotSupported` with
-  every reason, then call the op's torch custom op `torch.ops.glm5.<op>` (`backends/library.py`),
-  which `torch.compile`, `torch.export` and CUDA graphs see as one opaque node; hooks installed with
-  `hooked` / `with_hooks` (backends/hooks.py) observe each call and may override its result;
+- the front door (the op methods, each calling its door `self._doors[op]`, built once per op by
+  backends/door.py): validate shapes, dtypes and devices (`backends.validation`, no host reads),
+  value-check a layout once per `SeqLayout` object (every value check on every call only under
+  GLM5_VALIDATE=values), check the declared capabilities and raise `NotSupported` with every reason,
+  then call the implementation (plain eager) or the op's torch custom op `torch.ops.glm5.<op>`
+  (`backends/library.py`), which `torch.compile`, `torch.export` and CUDA graphs see as one opaque
+  node; hooks installed with `hooked` / `with_hooks` (backends/hooks.py) observe each call and may
+  override its result;
 - `run`, which the custom op calls at run time: count the call, run the backend's implementation from
   its `ops` table and, under GLM5_VALIDATE=reference, shadow-check it.
 A backend subclass is a table (op name -> `OpImpl`, built by `backends.table.load_ops`) plus
