@@ -122,6 +122,9 @@ class OpDecl:
     #: sized(g, dtype, quantity, value) -> arguments with that quantity at value (limit cases, SPEC 3)
     sized: Callable[[torch.Generator, str, str, int], dict[str, Any]] | None = None
     returns: Callable[[dict[str, Any], Any], Any] | None = None
+    #: unchecked(args) -> (args, finish or None): where the value checks do not run, out-of-range values
+    #: mapped on the device to the one result SPEC 10 defines (finish(out) fixes the result up)
+    unchecked: Callable[[dict[str, Any]], tuple[dict[str, Any], Any]] | None = None
     before_backward: Callable[..., tuple] | None = None
     params: tuple[Param, ...] = field(init=False)
     num_outputs: int = field(init=False)

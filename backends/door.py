@@ -32,7 +32,6 @@ from backends.hooks import call_hooked
 from backends.layout import SeqLayout
 from backends.ops import OPS, OpSpec
 from backends.shadow import shadow_check
-from backends.validation import UNCHECKED
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -99,7 +98,7 @@ def build_door(backend: Any, op: str, own_reasons: bool = False) -> Callable[[di
     validate, values_check = spec.validate, spec.values if backend.validate_values else None
     layout_arg = "layout" if "layout" in spec.arg_names else None
     check_all_layouts, cache_arg = backend.validate_values, spec.cache_arg
-    unchecked = UNCHECKED.get(op)
+    unchecked = spec.unchecked
     device_check = backend._device_reasons
     hooks = backend.hooks
 

@@ -8,9 +8,9 @@ Validation comes in tiers, so the hot path never reads the device back to the ho
   layouts are value-checked once per `SeqLayout` object (`SeqLayout.check`), whatever the mode.
 `Backend` calls them before dispatching, so a backend's own code may assume well-formed inputs and
 only has to decline (`NotSupported`) what it cannot serve.
-- `UNCHECKED[op]`: when the value checks do not run, the front door maps out-of-range values to one
-  defined result on device (a clamp, a sort, a mask; no host reads), so every backend returns the
-  same thing for them instead of reading out of bounds (SPEC 10).
+- `unchecked_<op>` (a declaration's `unchecked`): when the value checks do not run, the front door
+  maps out-of-range values to one defined result on device (a clamp, a sort, a mask; no host reads),
+  so every backend returns the same thing for them instead of reading out of bounds (SPEC 10).
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def _defined_offsets(offsets: torch.Tensor, m: int) -> torch.Tensor:
     return torch.nn.functional.pad(offsets[1:].clamp(0, m).sort(stable=True).values, (1, 0), value=0)
 
 
-def _unchecked_offsets(rows_arg: str) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]:
+def unchecked_offsets(rows_arg: str) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]:
     def unchecked(args: dict[str, Any]) -> tuple[dict[str, Any], Finish]:
         m = args[rows_arg].shape[0]
         return {**args, "group_offsets": _defined_offsets(args["group_offsets"], m)}, None
@@ -328,12 +328,3 @@ def unchecked_linear_cross_entropy(args: dict[str, Any]) -> tuple[dict[str, Any]
         return torch.where(any_bad, torch.full_like(loss, float("nan")), loss)
 
     return {**args, "targets": targets.masked_fill(bad, ignore)}, finish
-
-
-#: op -> the mapping the front door applies when value checks do not run
-UNCHECKED: dict[str, Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]] = {
-    "topk": unchecked_topk,
-    "grouped_matmul": _unchecked_offsets("x"),
-    "fp8_grouped_matmul": _unchecked_offsets("x_q"),
-    "linear_cross_entropy": unchecked_linear_cross_entropy,
-}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from backends import validation as v
 from backends import validation_fp8 as v8
 from backends.decl import OpDecl
 from backends.decls._common import FLOATS, TDTYPE, dtype_of, randn, rows_by_cols
@@ -42,4 +43,5 @@ DECL = OpDecl(
     fake=rows_by_cols(("x_q", 0), ("w_q", 1), lambda a: a["out_dtype"]),
     sample=sample,
     sharding="experts or intermediate local",
+    unchecked=v.unchecked_offsets("x_q"),
 )

@@ -55,4 +55,5 @@ DECL = OpDecl(
     sharding="experts or intermediate local",
     grad_args=("x", "w"),  # the float variant (integer tensors carry no gradient)
     quantities={"K": dim("x", 1), "experts": dim("w", 0), "group_size": scalar("group_size")},
+    unchecked=v.unchecked_offsets("x"),
 )

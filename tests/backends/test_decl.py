@@ -16,7 +16,7 @@ from backends import SeqLayout, library
 from backends.decl import SHARDING, OpDecl, check_interface
 from backends.decls import DECLS
 from backends.interface import Backend
-from backends.limits import QUANTITIES
+from backends.limits import QUANTITIES, quantities
 from backends.ops import OPS
 
 #: the public surface `torch.ops.glm5.<op>` (graphs, exported programs and the ONNX translation depend
@@ -42,7 +42,7 @@ def test_the_op_table_is_the_declarations():
     sections = [tuple(int(p) for p in d.spec_section.split(".")) for d in DECLS.values()]
     assert sections == sorted(sections)
     for op, d in DECLS.items():
-        assert QUANTITIES[op] is d.quantities
+        assert QUANTITIES[op] is d.quantities and quantities(op) is d.quantities
         assert d.sharding in SHARDING
 
 
