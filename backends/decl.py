@@ -218,5 +218,5 @@ def check_interface(cls: type, decls: Mapping[str, OpDecl]) -> None:
         ]
         if got != want:
             raise TypeError(
-                f"{cls.__name__}.{op} takes {got}; its declaration (backends/decls/{op}.py) {want}"
+                f"{cls.__name__}.{op} takes {got}; its declaration ({d.signature.__module__}) {want}"
             )

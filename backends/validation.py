@@ -89,7 +89,7 @@ def values_indexer_topk(q, k_cache, weights, layout, topk) -> None:
 MAX_PADDED_TOPK = 1 << 16
 
 
-def _check_topk_width(name: str, k: object, candidates: int, what: str) -> None:
+def check_topk_width(name: str, k: object, candidates: int, what: str) -> None:
     check_int(name, k, min_value=1)
     if k > max(candidates, MAX_PADDED_TOPK):
         fail(name, f"an int in [1, max({candidates}, {MAX_PADDED_TOPK})] (wider than {what} only pads)", k)
@@ -97,23 +97,7 @@ def _check_topk_width(name: str, k: object, candidates: int, what: str) -> None:
 
 def check_indexer_topk(q, k_cache, weights, layout, topk) -> None:
     check_indexer_logits(q, k_cache, weights, layout)
-    _check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
-
-
-def check_topk(x, k, lengths) -> None:
-    check_tensor("x", x, dtype=FLOAT_DTYPES, ndim=2)
-    _check_topk_width("k", k, x.shape[1], "the columns of x")
-    if lengths is not None:
-        check_tensor("lengths", lengths, dtype=(torch.int32, torch.int64), shape=(x.shape[0],))
-        check_same_device(x=x, lengths=lengths)
-
-
-def values_topk(x, k, lengths) -> None:
-    if lengths is not None:
-        if lengths.numel():
-            lo, hi = int(lengths.min()), int(lengths.max())
-            if lo < 0 or hi > x.shape[1]:
-                fail("lengths", f"values in [0, {x.shape[1]}] (columns of x)", f"range [{lo}, {hi}]")
+    check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
 
 
 def _check_pools(pools: MLAPools, layout: SeqLayout, d_qk: int, dtype) -> None:
@@ -293,14 +277,6 @@ def values_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
 # applied to the op's result (or None). Under GLM5_VALIDATE=values the value checks raise instead.
 
 Finish = Callable[[Any], Any] | None
-
-
-def unchecked_topk(args: dict[str, Any]) -> tuple[dict[str, Any], Finish]:
-    """lengths clamped to [0, C]: a negative length has no candidates, one past C has all of them."""
-    lengths = args["lengths"]
-    if lengths is None:
-        return args, None
-    return {**args, "lengths": lengths.clamp(0, args["x"].shape[1])}, None
 
 
 def _defined_offsets(offsets: torch.Tensor, m: int) -> torch.Tensor:

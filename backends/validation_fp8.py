@@ -11,12 +11,12 @@ from backends.validation import (
     FLOAT_DTYPES,
     _check_cache,
     _check_layout,
-    _check_topk_width,
     _shape,
     check_heads,
     check_int,
     check_same_device,
     check_tensor,
+    check_topk_width,
     fail,
 )
 
@@ -100,7 +100,7 @@ def check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:
 
 def check_fp8_indexer_topk(q, k_cache, k_scale, weights, layout, topk) -> None:
     check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout)
-    _check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
+    check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
 
 
 def values_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:

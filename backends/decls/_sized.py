@@ -25,15 +25,6 @@ def _i8(g: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
 
 
-def _topk(q: str, v: int) -> Callable:
-    def build(g, dt):
-        cols = v if q == "columns" else max(v + 7, 64)
-        k = v if q == "k" else min(8, cols)
-        return dict(x=_f(g, dt, 3, cols), k=k, lengths=None)
-
-    return build
-
-
 def _indexer(op: str, q: str, v: int) -> Callable:
     def build(g, dt):
         h = v if q == "index_heads" else 2
@@ -205,10 +196,6 @@ Sized = Callable[[torch.Generator, str, str, int], dict[str, Any]]
 def _float(dt: str) -> str:
     """The float dtype a dtype-axis value builds its float tensors in (W8A8 / W4A8 / FP8: float32)."""
     return dt if dt in FLOATS else "float32"
-
-
-def topk(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
-    return _topk(q, v)(g, _float(dt))
 
 
 def indexer(op: str) -> Sized:
