@@ -151,12 +151,6 @@ def values_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, ret
     layout.check(q.shape[0], kv_cache, "kv_cache")
 
 
-def check_dynamic_quant_int8(x) -> None:
-    check_tensor("x", x, dtype=FLOAT_DTYPES, ndim=2)
-    if x.shape[1] < 1:
-        fail("x", "shape [M, K] with K >= 1", f"shape {_shape(x)}")
-
-
 def _check_epilogue(m: int, n: int, x_scale, w_scale_shape, w_scale, bias, out_dtype, **devs) -> None:
     check_tensor("x_scale", x_scale, dtype=torch.float32, shape=(m,))
     check_tensor("w_scale", w_scale, dtype=torch.float32, shape=w_scale_shape)

@@ -66,10 +66,8 @@ def _gemm(op: str, q: str, v: int, variant: str) -> Callable:
     def build(g, dt):
         out = getattr(torch, dt)
         gs = v if q == "group_size" else 32
-        k = v if q == "K" else (2 * gs if op != "dynamic_quant_int8" else 64)
+        k = v if q == "K" else 2 * gs
         n = v if q == "N" else 8
-        if op == "dynamic_quant_int8":
-            return dict(x=_f(g, dt, 3, k))
         if op == "w8a8_matmul":
             return dict(
                 x_q=_i8(g, 3, k),
@@ -215,7 +213,7 @@ def fp8_attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]
 
 
 def gemm(op: str) -> Sized:
-    """dynamic_quant_int8, w8a8_matmul, w4a8_matmul, grouped_matmul (its variant: the dtype-axis value)."""
+    """w8a8_matmul, w4a8_matmul, grouped_matmul (its variant: the dtype-axis value)."""
     return lambda g, dt, q, v: _gemm(op, q, v, dt)(g, _float(dt))
 
 
