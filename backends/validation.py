@@ -151,7 +151,7 @@ def values_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, ret
     layout.check(q.shape[0], kv_cache, "kv_cache")
 
 
-def _check_epilogue(m: int, n: int, x_scale, w_scale_shape, w_scale, bias, out_dtype, **devs) -> None:
+def check_epilogue(m: int, n: int, x_scale, w_scale_shape, w_scale, bias, out_dtype, **devs) -> None:
     check_tensor("x_scale", x_scale, dtype=torch.float32, shape=(m,))
     check_tensor("w_scale", w_scale, dtype=torch.float32, shape=w_scale_shape)
     if bias is not None:
@@ -161,33 +161,10 @@ def _check_epilogue(m: int, n: int, x_scale, w_scale_shape, w_scale, bias, out_d
     check_same_device(x_scale=x_scale, w_scale=w_scale, bias=bias, **devs)
 
 
-def check_w8a8_matmul(x_q, x_scale, w_q, w_scale, bias, out_dtype) -> None:
-    check_tensor("x_q", x_q, dtype=torch.int8, ndim=2)
-    m, k = x_q.shape
-    check_tensor("w_q", w_q, dtype=torch.int8, ndim=2)
-    if w_q.shape[1] != k:
-        fail("w_q", f"shape [N, K={k}] (K as x_q)", f"shape {_shape(w_q)}")
-    n = w_q.shape[0]
-    _check_epilogue(m, n, x_scale, (n,), w_scale, bias, out_dtype, x_q=x_q, w_q=w_q)
-
-
-def _check_group_size(k: int, group_size) -> None:
+def check_group_size(k: int, group_size) -> None:
     check_int("group_size", group_size, min_value=1)
     if k % group_size:
         fail("group_size", f"a divisor of K={k}", group_size)
-
-
-def check_w4a8_matmul(x_q, x_scale, w_packed, w_scale, group_size, bias, out_dtype) -> None:
-    check_tensor("x_q", x_q, dtype=torch.int8, ndim=2)
-    m, k = x_q.shape
-    if k % 2:
-        fail("x_q", "an even K (two int4 weights per byte)", f"shape {_shape(x_q)}")
-    check_tensor("w_packed", w_packed, dtype=torch.uint8, ndim=2)
-    if w_packed.shape[1] != k // 2:
-        fail("w_packed", f"shape [N, K//2={k // 2}]", f"shape {_shape(w_packed)}")
-    n = w_packed.shape[0]
-    _check_group_size(k, group_size)
-    _check_epilogue(m, n, x_scale, (n, k // group_size), w_scale, bias, out_dtype, x_q=x_q, w_packed=w_packed)
 
 
 def check_grouped_matmul(
@@ -219,13 +196,13 @@ def check_grouped_matmul(
             fail("w", f"shape [E, N, K={k}]", f"shape {_shape(w)}")
         if group_size is not None:
             fail("group_size", "None for W8A8 (per-channel scales)", group_size)
-        _check_epilogue(m, n, x_scale, (e, n), w_scale, None, out_dtype, x=x)
+        check_epilogue(m, n, x_scale, (e, n), w_scale, None, out_dtype, x=x)
         return "w8a8"
     if w.dtype == torch.uint8:
         if k % 2 or w.shape[2] != k // 2:
             fail("w", f"packed int4 shape [E, N, K//2={k // 2}] with even K", f"shape {_shape(w)}")
-        _check_group_size(k, group_size)
-        _check_epilogue(m, n, x_scale, (e, n, k // group_size), w_scale, None, out_dtype, x=x)
+        check_group_size(k, group_size)
+        check_epilogue(m, n, x_scale, (e, n, k // group_size), w_scale, None, out_dtype, x=x)
         return "w4a8"
     fail("w", "dtype int8 (W8A8) or uint8 (packed int4, W4A8) for int8 x", w.dtype)
 

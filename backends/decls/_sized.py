@@ -64,32 +64,9 @@ def _attention(q: str, v: int) -> Callable:
 
 def _gemm(op: str, q: str, v: int, variant: str) -> Callable:
     def build(g, dt):
-        out = getattr(torch, dt)
         gs = v if q == "group_size" else 32
         k = v if q == "K" else 2 * gs
         n = v if q == "N" else 8
-        if op == "w8a8_matmul":
-            return dict(
-                x_q=_i8(g, 3, k),
-                x_scale=torch.rand(3, generator=g),
-                w_q=_i8(g, n, k),
-                w_scale=torch.rand(n, generator=g),
-                bias=None,
-                out_dtype=out,
-            )
-        if op == "w4a8_matmul":
-            k += k % 2
-            gs = gs if k % gs == 0 else k
-            packed = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
-            return dict(
-                x_q=_i8(g, 3, k),
-                x_scale=torch.rand(3, generator=g),
-                w_packed=packed,
-                w_scale=torch.rand(n, k // gs, generator=g),
-                group_size=gs,
-                bias=None,
-                out_dtype=out,
-            )
         e = v if q == "experts" else 3
         offs = torch.linspace(0, 6, e + 1).round().to(torch.int64)
         if variant in ("w8a8", "w4a8"):
@@ -213,7 +190,7 @@ def fp8_attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]
 
 
 def gemm(op: str) -> Sized:
-    """w8a8_matmul, w4a8_matmul, grouped_matmul (its variant: the dtype-axis value)."""
+    """grouped_matmul (its variant: the dtype-axis value)."""
     return lambda g, dt, q, v: _gemm(op, q, v, dt)(g, _float(dt))
 
 
