@@ -167,59 +167,6 @@ def check_group_size(k: int, group_size) -> None:
         fail("group_size", f"a divisor of K={k}", group_size)
 
 
-def check_grouped_matmul(
-    x, w, group_offsets, x_scale=None, w_scale=None, group_size=None, out_dtype=None
-) -> str:
-    """Returns the variant: "float", "w8a8" or "w4a8" (chosen by the dtypes of x and w)."""
-    check_tensor("x", x, dtype=FLOAT_DTYPES + (torch.int8,), ndim=2)
-    m, k = x.shape
-    check_tensor("w", w, ndim=3)
-    e = w.shape[0]
-    check_tensor("group_offsets", group_offsets, dtype=(torch.int32, torch.int64), shape=(e + 1,))
-    check_same_device(x=x, w=w, group_offsets=group_offsets)
-    if x.dtype in FLOAT_DTYPES:
-        if w.dtype != x.dtype:
-            fail("w", f"dtype {x.dtype} (as x)", w.dtype)
-        if w.shape[2] != k:
-            fail("w", f"shape [E, N, K={k}]", f"shape {_shape(w)}")
-        for name, v in (("x_scale", x_scale), ("w_scale", w_scale), ("group_size", group_size)):
-            if v is not None:
-                fail(name, "None for floating-point x", type(v).__name__)
-        if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
-            fail("out_dtype", "None or a float dtype", out_dtype)
-        return "float"
-    n = w.shape[1]
-    if out_dtype is None:
-        fail("out_dtype", "a float dtype for int8 x", None)
-    if w.dtype == torch.int8:
-        if w.shape[2] != k:
-            fail("w", f"shape [E, N, K={k}]", f"shape {_shape(w)}")
-        if group_size is not None:
-            fail("group_size", "None for W8A8 (per-channel scales)", group_size)
-        check_epilogue(m, n, x_scale, (e, n), w_scale, None, out_dtype, x=x)
-        return "w8a8"
-    if w.dtype == torch.uint8:
-        if k % 2 or w.shape[2] != k // 2:
-            fail("w", f"packed int4 shape [E, N, K//2={k // 2}] with even K", f"shape {_shape(w)}")
-        check_group_size(k, group_size)
-        check_epilogue(m, n, x_scale, (e, n, k // group_size), w_scale, None, out_dtype, x=x)
-        return "w4a8"
-    fail("w", "dtype int8 (W8A8) or uint8 (packed int4, W4A8) for int8 x", w.dtype)
-
-
-def values_grouped_matmul(
-    x, w, group_offsets, x_scale=None, w_scale=None, group_size=None, out_dtype=None
-) -> None:
-    m = x.shape[0]
-    offs = group_offsets.tolist()
-    if offs[0] != 0 or offs[-1] > m or any(b < a for a, b in zip(offs, offs[1:])):
-        fail(
-            "group_offsets",
-            f"non-decreasing offsets from 0 to at most M={m}",
-            offs if len(offs) <= 16 else f"[{offs[0]}, ..., {offs[-1]}] (length {len(offs)})",
-        )
-
-
 def check_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
     check_tensor("h", h, dtype=FLOAT_DTYPES, ndim=2)
     n, d = h.shape

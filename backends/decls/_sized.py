@@ -62,48 +62,6 @@ def _attention(q: str, v: int) -> Callable:
     return build
 
 
-def _gemm(op: str, q: str, v: int, variant: str) -> Callable:
-    def build(g, dt):
-        gs = v if q == "group_size" else 32
-        k = v if q == "K" else 2 * gs
-        n = v if q == "N" else 8
-        e = v if q == "experts" else 3
-        offs = torch.linspace(0, 6, e + 1).round().to(torch.int64)
-        if variant in ("w8a8", "w4a8"):
-            base = dict(x_scale=torch.rand(6, generator=g), out_dtype=torch.bfloat16)
-            if variant == "w8a8":
-                return dict(
-                    x=_i8(g, 6, k),
-                    w=_i8(g, e, n, k),
-                    group_offsets=offs,
-                    w_scale=torch.rand(e, n, generator=g),
-                    group_size=None,
-                    **base,
-                )
-            k += k % 2
-            gs = gs if k % gs == 0 else k
-            w = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
-            return dict(
-                x=_i8(g, 6, k),
-                w=w,
-                group_offsets=offs,
-                w_scale=torch.rand(e, n, k // gs, generator=g),
-                group_size=gs,
-                **base,
-            )
-        return dict(
-            x=_f(g, dt, 6, k),
-            w=_f(g, dt, e, n, k),
-            group_offsets=offs,
-            x_scale=None,
-            w_scale=None,
-            group_size=None,
-            out_dtype=None,
-        )
-
-    return build
-
-
 def _lce(v: int) -> Callable:
     def build(g, dt):
         return dict(
@@ -187,11 +145,6 @@ def attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
 
 def fp8_attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
     return _fp8_attention(q, v)(g, _float(dt))
-
-
-def gemm(op: str) -> Sized:
-    """grouped_matmul (its variant: the dtype-axis value)."""
-    return lambda g, dt, q, v: _gemm(op, q, v, dt)(g, _float(dt))
 
 
 def linear_cross_entropy(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
