@@ -167,29 +167,6 @@ def check_group_size(k: int, group_size) -> None:
         fail("group_size", f"a divisor of K={k}", group_size)
 
 
-def check_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
-    check_tensor("h", h, dtype=FLOAT_DTYPES, ndim=2)
-    n, d = h.shape
-    check_tensor("weight", weight, dtype=FLOAT_DTYPES, ndim=2)
-    if weight.shape[1] != d:
-        fail("weight", f"shape [V, D={d}]", f"shape {_shape(weight)}")
-    check_tensor("targets", targets, dtype=(torch.int64, torch.int32), shape=(n,))
-    check_same_device(h=h, weight=weight, targets=targets)
-    check_int("ignore_index", ignore_index)
-
-
-def values_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
-    n, v = h.shape[0], weight.shape[0]
-    if n:
-        counted = targets[targets != ignore_index]
-        if counted.numel() and (int(counted.min()) < 0 or int(counted.max()) >= v):
-            fail(
-                "targets",
-                f"values in [0, V={v}) or ignore_index={ignore_index}",
-                f"range [{int(counted.min())}, {int(counted.max())}]",
-            )
-
-
 # -- without value checks (SPEC 10): one defined result for out-of-range values, on device --------------
 # Each takes the validated arguments and returns them with out-of-range values mapped, plus a function
 # applied to the op's result (or None). Under GLM5_VALIDATE=values the value checks raise instead.
@@ -209,16 +186,3 @@ def unchecked_offsets(rows_arg: str) -> Callable[[dict[str, Any]], tuple[dict[st
         return {**args, "group_offsets": _defined_offsets(args["group_offsets"], m)}, None
 
     return unchecked
-
-
-def unchecked_linear_cross_entropy(args: dict[str, Any]) -> tuple[dict[str, Any], Finish]:
-    """A target outside [0, V) that is not ignore_index makes the loss NaN (with zero gradients); the
-    backend sees it as ignore_index, so no backend reads past the vocabulary."""
-    targets, ignore = args["targets"], args["ignore_index"]
-    bad = (targets != ignore) & ((targets < 0) | (targets >= args["weight"].shape[0]))
-    any_bad = bad.any()
-
-    def finish(loss: torch.Tensor) -> torch.Tensor:
-        return torch.where(any_bad, torch.full_like(loss, float("nan")), loss)
-
-    return {**args, "targets": targets.masked_fill(bad, ignore)}, finish

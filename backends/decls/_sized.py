@@ -62,18 +62,6 @@ def _attention(q: str, v: int) -> Callable:
     return build
 
 
-def _lce(v: int) -> Callable:
-    def build(g, dt):
-        return dict(
-            h=_f(g, dt, 5, 16),
-            weight=_f(g, dt, v, 16),
-            targets=torch.randint(0, v, (5,), generator=g),
-            ignore_index=-100,
-        )
-
-    return build
-
-
 def _fp8_indexer(op: str, q: str, v: int) -> Callable:
     """The float indexer case, quantized as DeepSeek-V3.2 does (e4m3 q and keys, one scale per key)."""
     base = _indexer(op.removeprefix("fp8_"), q, v)
@@ -145,10 +133,6 @@ def attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
 
 def fp8_attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
     return _fp8_attention(q, v)(g, _float(dt))
-
-
-def linear_cross_entropy(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
-    return _lce(v)(g, _float(dt))
 
 
 def fp8_quant_group(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
