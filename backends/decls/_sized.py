@@ -77,15 +77,6 @@ def _fp8_indexer(op: str, q: str, v: int) -> Callable:
     return build
 
 
-def _fp8_quant_group(q: str, v: int) -> Callable:
-    def build(g, dt):
-        gs = v if q == "group_size" else 128
-        k = v if q == "K" else 2 * gs
-        return dict(x=_f(g, dt, 3, k), group_size=gs, eps=1e-4, ue8m0=False)
-
-    return build
-
-
 def _fp8_attention(q: str, v: int) -> Callable:
     """The 656-byte cache fixes d_qk 576 and d_v 512: heads and topk are what vary."""
 
@@ -133,7 +124,3 @@ def attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
 
 def fp8_attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
     return _fp8_attention(q, v)(g, _float(dt))
-
-
-def fp8_quant_group(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
-    return _fp8_quant_group(q, v)(g, _float(dt))
