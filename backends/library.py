@@ -7,7 +7,7 @@ backend instance named by the op's last argument (`Backend.key`), so one registr
 backend, built-in or plugin.
 
 Every op, its fake, its autograd and its `<op>_backward` op are generated from the op's declaration
-(backends/decls/<op>.py, by backends/decl_torch.py). Hand-made here: `sparse_mla_attention_pools`, the
+(backends/reference/<op>.py, by backends/decl_torch.py). Hand-made here: `sparse_mla_attention_pools`, the
 same op on a split-pool cache (backends/cache_layout.py; inference only).
 
 Semantics of every op: backends/reference/<op>.py (docs/spec.md sections 2 and 7).

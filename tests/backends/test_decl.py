@@ -1,6 +1,6 @@
-"""One declaration per op (backends/decl.py, backends/decls/<op>.py): what is derived from it is checked
-against it (the custom ops' schemas, the typed interface, the reference, the limit table, the op table),
-and opcheck runs over every op's declared samples."""
+"""One declaration per op (backends/decl.py, in backends/reference/<op>.py): what is derived from it is
+checked against it (the custom ops' schemas, the typed interface, the reference, the limit table, the op
+table), and opcheck runs over every op's declared samples."""
 
 from __future__ import annotations
 
