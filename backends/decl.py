@@ -4,7 +4,8 @@ Each op of the contract is declared once, in its reference module `backends/refe
 the reference function is the signature; the attention and indexer families' declarations are still in
 `backends/decls/<op>.py`, same file name): its typed signature, its fake (output shapes and dtypes),
 which arguments gradients flow to, its dtype axis, validators, limit quantities, a small sample-input
-generator, how it sees a sharded model (SPEC 11) and its spec section. Everything else is derived from that table:
+generator, how it sees a sharded model (SPEC 11) and its spec section. Everything else is derived from
+that table:
 - `backends.ops.OPS` (the op table the front door and the conformance matrix read) is the table itself;
 - `backends.limits.QUANTITIES` is each declaration's `quantities`;
 - the custom op `torch.ops.glm5.<op>`, its fake, its autograd and its `<op>_backward` op
