@@ -8,20 +8,18 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from backends.interface import Backend
-
 NAMESPACE = "glm5"
 
-_live: weakref.WeakValueDictionary[str, Backend] = weakref.WeakValueDictionary()
+#: key -> a live `backends.interface.Backend` (typed Any: this module sits below the interface)
+_live: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _live_lock = threading.Lock()
 
 
-def register_instance(backend: Backend) -> str:
+def register_instance(backend: Any) -> str:
     """The key custom ops use to reach this backend instance (held weakly)."""
     key = f"{backend.name}@{id(backend):x}"
     with _live_lock:
@@ -29,7 +27,7 @@ def register_instance(backend: Backend) -> str:
     return key
 
 
-def instance(key: str) -> Backend:
+def instance(key: str) -> Any:
     be = _live.get(key)
     if be is None:
         raise RuntimeError(f"backend instance {key!r} no longer exists (a graph outlived its backend?)")
@@ -40,7 +38,7 @@ def _storages(ts: Sequence[Any]) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in ts if isinstance(t, Tensor) and t.numel()}
 
 
-def _fresh(result: Any, inputs: dict[str, Any]) -> Any:
+def no_alias(result: Any, inputs: dict[str, Any]) -> Any:
     """Custom-op outputs may not alias inputs (functionalization relies on it): copy any that do."""
     outs = result if isinstance(result, tuple) else (result,)
     ins = _storages(list(inputs.values()))
@@ -51,7 +49,7 @@ def _fresh(result: Any, inputs: dict[str, Any]) -> Any:
 
 
 def _run(key: str, op: str, args: dict[str, Any]) -> Any:
-    return _fresh(instance(key).run(op, args), args)
+    return no_alias(instance(key).run(op, args), args)
 
 
 def run_backward(key: str, op: str, args: dict[str, Any], outputs: tuple, grad_outputs: tuple) -> tuple:
@@ -59,4 +57,4 @@ def run_backward(key: str, op: str, args: dict[str, Any], outputs: tuple, grad_o
     forward's saved outputs; none aliases an input, an output or an output gradient."""
     grads = instance(key).run_backward(op, args, outputs, grad_outputs)
     seen = {**args, **{f"out{i}": o for i, o in enumerate(outputs)}}
-    return _fresh(tuple(grads), {**seen, **{f"grad{i}": g for i, g in enumerate(grad_outputs)}})
+    return no_alias(tuple(grads), {**seen, **{f"grad{i}": g for i, g in enumerate(grad_outputs)}})

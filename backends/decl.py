@@ -1,9 +1,11 @@
 """One declaration per op (`OpDecl`, in the spirit of vLLM IR's `register_op` and PyTorch's `OpInfo`).
 
-Each op of the contract is declared once, in `backends/decls/<op>.py` (beside `backends/reference/<op>.py`,
-same file name): its typed signature, its fake (output shapes and dtypes), which arguments gradients flow
-to, its dtype axis, validators, limit quantities, a small sample-input generator, how it sees a sharded
-model (SPEC 11) and its spec section. Everything else is derived from that table:
+Each op of the contract is declared once, in its reference module `backends/reference/<op>.py` (`DECL`;
+the reference function is the signature; the attention and indexer families' declarations are still in
+`backends/decls/<op>.py`, same file name): its typed signature, its fake (output shapes and dtypes),
+which arguments gradients flow to, its dtype axis, validators, limit quantities, a small sample-input
+generator, how it sees a sharded model (SPEC 11) and its spec section. Everything else is derived from
+that table:
 - `backends.ops.OPS` (the op table the front door and the conformance matrix read) is the table itself;
 - `backends.limits.QUANTITIES` is each declaration's `quantities`;
 - the custom op `torch.ops.glm5.<op>`, its fake, its autograd and its `<op>_backward` op
@@ -122,6 +124,9 @@ class OpDecl:
     #: sized(g, dtype, quantity, value) -> arguments with that quantity at value (limit cases, SPEC 3)
     sized: Callable[[torch.Generator, str, str, int], dict[str, Any]] | None = None
     returns: Callable[[dict[str, Any], Any], Any] | None = None
+    #: unchecked(args) -> (args, finish or None): where the value checks do not run, out-of-range values
+    #: mapped on the device to the one result SPEC 10 defines (finish(out) fixes the result up)
+    unchecked: Callable[[dict[str, Any]], tuple[dict[str, Any], Any]] | None = None
     before_backward: Callable[..., tuple] | None = None
     params: tuple[Param, ...] = field(init=False)
     num_outputs: int = field(init=False)
@@ -215,5 +220,5 @@ def check_interface(cls: type, decls: Mapping[str, OpDecl]) -> None:
         ]
         if got != want:
             raise TypeError(
-                f"{cls.__name__}.{op} takes {got}; its declaration (backends/decls/{op}.py) {want}"
+                f"{cls.__name__}.{op} takes {got}; its declaration ({d.signature.__module__}) {want}"
             )

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from backends.custom_op import NAMESPACE, _run, run_backward
+from backends.custom_op import NAMESPACE, _run, instance, no_alias, run_backward
 from backends.decl import OpDecl
 
 
@@ -45,7 +45,8 @@ def register(d: OpDecl) -> Any:
 
     def forward(*flat: Any) -> Any:
         args = d.unflatten(flat[:-1])
-        return _placeholders(_first_tensor(flat), _run(flat[-1], d.name, args), d.num_outputs)
+        out = no_alias(instance(flat[-1]).run(d.name, args), args)
+        return _placeholders(_first_tensor(flat), out, d.num_outputs)
 
     def fake(*flat: Any) -> Any:
         return _placeholders(_first_tensor(flat), d.fake(d.unflatten(flat[:-1], fake=True)), d.num_outputs)

@@ -1,12 +1,14 @@
 """The backend interface: one method per op of SPEC 2, with the argument names of SPEC 6.
 
 `Backend` does what every backend shares, in two halves:
-- the front door (the op methods below): validate shapes, dtypes and devices (`backends.validation`,
-  no host reads), value-check a layout once per `SeqLayout` object (every value check on every call
-  only under GLM5_VALIDATE=values), check the declared capabilities and raise `NotSupported` with
-  every reason, then call the op's torch custom op `torch.ops.glm5.<op>` (`backends/library.py`),
-  which `torch.compile`, `torch.export` and CUDA graphs see as one opaque node; hooks installed with
-  `hooked` / `with_hooks` (backends/hooks.py) observe each call and may override its result;
+- the front door (the op methods, each calling its door `self._doors[op]`, built once per op by
+  backends/door.py): validate shapes, dtypes and devices (`backends.validation`, no host reads),
+  value-check a layout once per `SeqLayout` object (every value check on every call only under
+  GLM5_VALIDATE=values), check the declared capabilities and raise `NotSupported` with every reason,
+  then call the implementation (plain eager) or the op's torch custom op `torch.ops.glm5.<op>`
+  (`backends/library.py`), which `torch.compile`, `torch.export` and CUDA graphs see as one opaque
+  node; hooks installed with `hooked` / `with_hooks` (backends/hooks.py) observe each call and may
+  override its result;
 - `run`, which the custom op calls at run time: count the call, run the backend's implementation from
   its `ops` table and, under GLM5_VALIDATE=reference, shadow-check it.
 A backend subclass is a table (op name -> `OpImpl`, built by `backends.table.load_ops`) plus
@@ -21,26 +23,23 @@ import copy
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from torch.overrides import has_torch_function
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from backends import custom_op, library
+from backends import custom_op
 from backends.borrow import BorrowLedger, borrowed_impl, check_names
-from backends.cache_layout import ONE_TENSOR, MLACacheLayout, MLAPools, arg_tensors, cache_kind
+from backends.cache_layout import ONE_TENSOR, MLACacheLayout
 from backends.caps import OpCaps, OpImpl
 from backends.decl import check_interface
-from backends.errors import NotSupported
-from backends.hooks import Hook, call_hooked
+from backends.door import build_door, caps_reasons, device_reasons
+from backends.hooks import Hook
 from backends.interface_fp8 import FP8Ops
 from backends.interface_ops import ContractOps
-from backends.layout import SeqLayout
 from backends.ops import OPS
-from backends.validation import UNCHECKED
+from backends.shadow import shadow_check
 
 #: GLM5_VALIDATE values: "values" runs every value check on every call; "reference" also shadow-checks;
 #: "topk" only checks that tensor-parallel ranks agree on each layer's top-k (glm5/parallel/agreement.py)
@@ -52,24 +51,6 @@ def validation_mode() -> str:
     if mode not in VALIDATE_MODES:
         raise ValueError(f"GLM5_VALIDATE: expected one of {VALIDATE_MODES[1:]} or unset, got {mode!r}")
     return mode
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def _plain_eager(args: dict[str, Any]) -> bool:
-    """True when no tracer, mode or subclass would see the op (public torch predicates only): not
-    compiling or exporting, no torch dispatch mode active, every tensor a plain tensor or parameter with
-    no `__torch_function__` of its own and no torch function mode active. (A functorch transform needs no
-    check: `grad` makes the inputs require grad, so the call takes the custom op; vmap has no rule for a
-    custom op, so the plain implementation is the one that can run under it.)"""
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or is_in_torch_dispatch_mode():
-        return False
-    tensors = arg_tensors(args)
-    layout = args.get("layout")
-    if isinstance(layout, SeqLayout):
-        tensors += [t for t in layout.tensors() if t is not None]
-    return all(type(t) in _PLAIN for t in tensors) and not has_torch_function(tensors)
 
 
 class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_ops.py, interface_fp8.py
@@ -89,8 +70,10 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
     def __init__(self) -> None:
         #: entries into the backend's own implementations (`run`): its native work, also in compiled graphs
         self.calls: Counter[str] = Counter()
+        #: op -> its front door (backends/door.py), built on first use
+        self._doors = _Doors(self)
         #: front-door hooks, in installation order (backends/hooks.py)
-        self.hooks: tuple[Hook, ...] = ()
+        self._hooks: tuple[Hook, ...] = ()
         self.hooks_busy: set[int] = set()
         #: the ops declared in `borrow`, checked: an unknown name fails here, with the known ones
         self.borrowed: frozenset[str] = check_names(self.borrow, f"{type(self).__name__}.borrow")
@@ -101,7 +84,7 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
         self.relayouts: Counter[str] = Counter()
         mode = validation_mode()
         #: every value check on every call (GLM5_VALIDATE=values or =reference)
-        self.validate_values = mode in ("values", "reference")
+        self._validate_values = mode in ("values", "reference")
         #: GLM5_VALIDATE=reference: also run the reference on every call and compare (backends/shadow.py)
         self.shadow = mode == "reference" and self.name != "reference"
         #: the name custom ops use to reach this instance (backends/library.py)
@@ -147,13 +130,7 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
         return Path(file).with_name("expectations.yaml") if file else None
 
     def _device_reasons(self, args: Mapping[str, Any]) -> list[str]:
-        for name, val in args.items():
-            parts = val._asdict() if isinstance(val, MLAPools) else {"": val}
-            for part, t in parts.items():
-                if isinstance(t, torch.Tensor) and t.device.type != self.device:
-                    where = f"{name}.{part}" if part else name
-                    return [f"{where} is on {t.device.type}; this backend runs on {self.device}"]
-        return []
+        return device_reasons(self.device, args)
 
     def reasons(self, op: str, args: Mapping[str, Any], placed: bool = False) -> list[str]:
         """Every reason this backend cannot serve `op` on these (validated) arguments; [] if it can.
@@ -161,20 +138,8 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
         impl = self.impl(op)
         if impl is None:
             return [f"op {op!r} is not implemented by backend {self.name!r}"]
-        kind = cache_kind(dict(args))
-        caps, spec = impl.caps_for(kind), OPS[op]  # a cache kind with its own kernel answers for itself
-        out: list[str] = []
-        dt = spec.dtype_of(dict(args))
-        if dt not in caps.dtypes:
-            out.append(f"dtype {dt} not in supported {list(caps.dtypes)}")
-        if kind is not None and kind not in impl.caps.layouts:
-            out.append(f"{kind} cache layout not in supported {list(impl.caps.layouts)}")
-        out.extend([] if placed else self._device_reasons(args))
-        if not out:
-            out.extend(caps.limit_reasons(op, dict(args), dt))
-        if not out and caps.check is not None:
-            out.extend(caps.check(dict(args)))
-        return out
+        misplaced = [] if placed else self._device_reasons(args)
+        return caps_reasons(op, OPS[op], impl, args, misplaced)
 
     @contextlib.contextmanager
     def validating(self, mode: str = "values") -> Iterator[Backend]:
@@ -200,7 +165,7 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
         """A view of this backend with `hooks` always installed (after its current ones): the same op
         table, counters and custom-op key, so only the calls made through the view are hooked."""
         view = copy.copy(self)
-        view.hooks, view.hooks_busy = (*self.hooks, *hooks), set()
+        view.hooks, view.hooks_busy = (*self.hooks, *hooks), set()  # its own doors
         return view
 
     # -- weights laid out once -----------------------------------------------------------------------
@@ -217,79 +182,35 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
             return dict(weights)
         return impl.prepare(dict(weights))
 
-    # -- dispatch ---------------------------------------------------------------------------------
+    # -- the front door, built once per op --------------------------------------------------------
+    @property
+    def hooks(self) -> tuple[Hook, ...]:
+        """Front-door hooks, in installation order (backends/hooks.py); setting them rebuilds the doors."""
+        return self._hooks
+
+    @hooks.setter
+    def hooks(self, hooks: tuple[Hook, ...]) -> None:
+        self._hooks = tuple(hooks)
+        self._doors = _Doors(self)
+
+    @property
+    def validate_values(self) -> bool:
+        """Every value check on every call (GLM5_VALIDATE=values or =reference); setting it rebuilds."""
+        return self._validate_values
+
+    @validate_values.setter
+    def validate_values(self, on: bool) -> None:
+        self._validate_values = bool(on)
+        self._doors = _Doors(self)
+
     def _call(self, op: str, args: dict[str, Any]) -> Any:
-        spec = OPS[op]
-        spec.validate(**args)
-        misplaced = self._device_reasons(args)
-        if misplaced:  # before any value check reads a tensor (a meta tensor has no values to read)
-            raise NotSupported(misplaced, backend=self.name, op=op)
-        values_checked = False
-        if not torch.compiler.is_compiling():  # values cannot be read while tracing
-            layout = args.get("layout")
-            if isinstance(layout, SeqLayout) and (self.validate_values or not layout.trusted):
-                layout.check(args["q"].shape[0], args[spec.cache_arg], spec.cache_arg)
-            if self.validate_values and spec.values is not None:
-                spec.values(**args)
-                values_checked = True
-        unchecked = None if values_checked else UNCHECKED.get(op)
-        if self.hooks:
-            return call_hooked(self, op, args, lambda a: self._serve(op, spec, a, unchecked))
-        return self._serve(op, spec, args, unchecked)
+        """Call `op` with its named arguments through its front door (what `Backend.<op>` does)."""
+        return self._doors[op](args)
 
-    def _serve(self, op: str, spec: Any, args: dict[str, Any], unchecked: Any) -> Any:
-        if unchecked is None:
-            return self._dispatch(op, spec, args)
-        # values not checked: out-of-range ones get the one defined result of SPEC 10 on every backend
-        args, finish = unchecked(args)
-        out = self._dispatch(op, spec, args)
-        return out if finish is None else finish(out)
-
-    def _dispatch(self, op: str, spec: Any, args: dict[str, Any]) -> Any:
-        why = self.reasons(op, args, placed=True)
-        if why:
-            raise NotSupported(why, backend=self.name, op=op)
-        impl = self.impl(op)
-        wants_grad = torch.is_grad_enabled() and any(
-            isinstance(args[n], torch.Tensor) and args[n].requires_grad for n in spec.grad_args
-        )
-        kind = cache_kind(args) if wants_grad else None
-        if kind in ("pools", "fp8_ragged", "fp8_paged"):
-            raise NotSupported(
-                [f"{op} on a {kind} cache is inference only (no backward; call it under no_grad)"],
-                backend=self.name,
-                op=op,
-            )
-        if wants_grad and not impl.caps.differentiable:
-            raise NotSupported(
-                [f"the backward of {op} is not implemented (inputs require grad; call it under no_grad)"],
-                backend=self.name,
-                op=op,
-            )
-        if not wants_grad:
-            if torch.is_grad_enabled():
-                # the op has no backward here: its outputs carry no gradient, on either path below
-                args = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-            if _plain_eager(args):
-                # nothing is tracing and no gradient is wanted: the custom op would only add its Python
-                # dispatch cost (about 15 us a call) to the same implementation
-                return library.as_asked(op, args, self.run(op, args))
-            if cache_kind(args) == "pools":  # two tensors where the op's custom op takes one cache tensor
-                if torch.compiler.is_compiling() or torch.compiler.is_exporting():
-                    raise NotSupported(
-                        [
-                            f"{op} on split pools cannot be compiled or exported (no custom op takes two "
-                            "cache tensors); pass the one-tensor cache there"
-                        ],
-                        backend=self.name,
-                        op=op,
-                    )
-                # under a dispatch or function mode: the implementation itself, whose ops the mode sees
-                return library.as_asked(op, args, self.run(op, args))
-        if wants_grad and impl.backward is not None and impl.backward_forces:
-            # what the explicit backward reads (lse) is made by this forward, whatever the caller asked
-            return library.as_asked(op, args, library.call(self.key, op, {**args, **impl.backward_forces}))
-        return library.call(self.key, op, args)
+    def _build_door(self, op: str) -> Callable[[dict[str, Any]], Any]:
+        """The front door of `op` on this backend, decided once (backends/door.py); rebuilt when the
+        hooks or the validation mode change."""
+        return build_door(self, op, own_reasons=type(self).reasons is not Backend.reasons)
 
     def run_backward(self, op: str, args: dict[str, Any], outputs: tuple, grad_outputs: tuple) -> tuple:
         """The gradients of `op` (one per `OPS[op].grad_args`) from its forward's saved outputs: the
@@ -303,13 +224,23 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
         impl = self.impl(op)
         result = impl.fn(**args)
         if self.shadow and op not in self.borrowed:  # borrowed: the reference itself
-            from backends.shadow import shadow_check
-
             shadow_check(self.name, op, args, result, impl.caps.tie_rule)
         return result
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} on {self.device}>"
+
+
+class _Doors(dict):
+    """op -> the backend's front door for it (backends/door.py), built on first use."""
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__()
+        self.backend = backend
+
+    def __missing__(self, op: str) -> Callable[[dict[str, Any]], Any]:
+        door = self[op] = self.backend._build_door(op)
+        return door
 
 
 # the typed op methods (the ContractOps and FP8Ops mixins) take exactly each op's declared arguments

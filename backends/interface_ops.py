@@ -1,7 +1,7 @@
 """The typed methods of the ops of SPEC 2, a mixin of `backends.interface.Backend` (users call
 `backend.sparse_mla_attention(...)` with IDE help): each passes its named arguments to the front door
-(`Backend._call`). Their signatures are checked against the ops' declarations (backends/decls/<op>.py)
-when `backends.interface` is imported.
+(its door, `Backend._doors[op]`, backends/door.py). Their signatures are checked against the ops'
+declarations (backends/reference/<op>.py) when `backends.interface` is imported.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ class ContractOps:
         Returns [T, max(seqlens_k)] float32; -inf where the key is not causal for the query.
         Semantics: backends/reference/indexer_logits.py (SPEC 2.1)
         """
-        return self._call(
-            "indexer_logits", {"q": q, "k_cache": k_cache, "weights": weights, "layout": layout}
+        return self._doors["indexer_logits"](
+            {"q": q, "k_cache": k_cache, "weights": weights, "layout": layout}
         )
 
     def indexer_topk(
@@ -35,8 +35,8 @@ class ContractOps:
         deterministic rule (value desc, lower index first), -1 past the number of causal keys.
         Semantics: backends/reference/indexer_topk.py (SPEC 2.2)
         """
-        return self._call(
-            "indexer_topk", {"q": q, "k_cache": k_cache, "weights": weights, "layout": layout, "topk": topk}
+        return self._doors["indexer_topk"](
+            {"q": q, "k_cache": k_cache, "weights": weights, "layout": layout, "topk": topk}
         )
 
     def topk(
@@ -48,7 +48,7 @@ class ContractOps:
         Returns (values [R, k] dtype of x, indices int32 [R, k]); -inf / -1 past the candidates.
         Semantics: backends/reference/topk.py (SPEC 2.3)
         """
-        return self._call("topk", {"x": x, "k": k, "lengths": lengths})
+        return self._doors["topk"]({"x": x, "k": k, "lengths": lengths})
 
     def sparse_mla_attention(
         self,
@@ -68,8 +68,7 @@ class ContractOps:
         return_lse=False (inference): lse is None, and a backend may take a path that cannot produce it.
         Semantics: backends/reference/sparse_mla_attention.py (SPEC 2.4)
         """
-        return self._call(
-            "sparse_mla_attention",
+        return self._doors["sparse_mla_attention"](
             {
                 "q": q,
                 "kv_cache": kv_cache,
@@ -87,7 +86,7 @@ class ContractOps:
         x: [M, K] float. Returns (x_q int8 [M, K], scale float32 [M]).
         Semantics: backends/reference/dynamic_quant_int8.py (SPEC 2.5)
         """
-        return self._call("dynamic_quant_int8", {"x": x})
+        return self._doors["dynamic_quant_int8"]({"x": x})
 
     def w8a8_matmul(
         self,
@@ -104,8 +103,7 @@ class ContractOps:
         Returns [M, N] out_dtype.
         Semantics: backends/reference/w8a8_matmul.py (SPEC 2.6)
         """
-        return self._call(
-            "w8a8_matmul",
+        return self._doors["w8a8_matmul"](
             {
                 "x_q": x_q,
                 "x_scale": x_scale,
@@ -132,8 +130,7 @@ class ContractOps:
         w_scale: float32 [N, K // group_size]; bias: [N] or None. Returns [M, N] out_dtype.
         Semantics: backends/reference/w4a8_matmul.py (SPEC 2.7)
         """
-        return self._call(
-            "w4a8_matmul",
+        return self._doors["w4a8_matmul"](
             {
                 "x_q": x_q,
                 "x_scale": x_scale,
@@ -165,8 +162,7 @@ class ContractOps:
                  w_scale f32 [E, N, K // group_size]; returns out_dtype.
         Semantics: backends/reference/grouped_matmul.py (SPEC 2.8)
         """
-        return self._call(
-            "grouped_matmul",
+        return self._doors["grouped_matmul"](
             {
                 "x": x,
                 "w": w,
@@ -187,8 +183,7 @@ class ContractOps:
         differentiable in h and weight. No counted target (all ignore_index, or N == 0): NaN, as torch.
         Semantics: backends/reference/linear_cross_entropy.py (SPEC 2.9)
         """
-        return self._call(
-            "linear_cross_entropy",
+        return self._doors["linear_cross_entropy"](
             {"h": h, "weight": weight, "targets": targets, "ignore_index": ignore_index},
         )
 
@@ -197,4 +192,4 @@ class ContractOps:
         -> silu(gate) * up [M, N], dtype of x; differentiable in x.
         Semantics: backends/reference/silu_and_mul.py (SPEC 2.10)
         """
-        return self._call("silu_and_mul", {"x": x})
+        return self._doors["silu_and_mul"]({"x": x})

@@ -7,9 +7,10 @@ backend instance named by the op's last argument (`Backend.key`), so one registr
 backend, built-in or plugin.
 
 Every op, its fake, its autograd and its `<op>_backward` op are generated from the op's declaration
-(backends/decls/<op>.py, by backends/decl_torch.py). Every cache kind takes the same op: one tensor
-(float rows, or FP8 rows whose kind picks the backend's FP8 kernel); split pools, an inference cache of
-two tensors, never reach a custom op (backends/interface.py: the implementation serves them directly).
+(backends/reference/<op>.py, or backends/decls/<op>.py for the ops not moved yet, by backends/decl_torch.py).
+Every cache kind takes the same op: one tensor (float rows, or FP8 rows whose kind picks the backend's FP8
+kernel); split pools, an inference cache of two tensors, never reach a custom op (backends/door.py: the
+implementation serves them directly).
 
 Semantics of every op: backends/reference/<op>.py (docs/spec.md sections 2 and 7).
 """

@@ -13,12 +13,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backends.decls import DECLS
+Quantity = Callable[[dict[str, Any]], int | None]
 
-#: op -> quantity -> how to measure it on the interface's arguments (no host reads): each op's declaration's
-QUANTITIES: dict[str, Mapping[str, Callable[[dict[str, Any]], int | None]]] = {
-    name: d.quantities for name, d in DECLS.items()
-}
+
+def quantities(op: str) -> Mapping[str, Quantity]:
+    """quantity -> how to measure it on `op`'s interface arguments (no host reads): its declaration's
+    (read when first asked: the op modules that declare them build their limits with this module)."""
+    from backends.decls import DECLS
+
+    d = DECLS.get(op)
+    return {} if d is None else d.quantities
+
+
+def __getattr__(name: str) -> Any:
+    if name == "QUANTITIES":  # op -> quantity -> measure, every op's
+        from backends.decls import DECLS
+
+        return {op: d.quantities for op, d in DECLS.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -58,11 +70,10 @@ class Limit:
         """The reason these arguments are past this limit, else None."""
         if self.when and dtype not in self.when:
             return None
-        measure = QUANTITIES.get(op, {}).get(self.quantity)
+        known = quantities(op)
+        measure = known.get(self.quantity)
         if measure is None:
-            raise ValueError(
-                f"Limit {self.quantity!r} is not a known quantity of {op} ({sorted(QUANTITIES.get(op, {}))})"
-            )
+            raise ValueError(f"Limit {self.quantity!r} is not a known quantity of {op} ({sorted(known)})")
         v = measure(args)
         if v is None:
             return None
@@ -75,7 +86,7 @@ class Limit:
 
 def check_quantities(op: str, limits: tuple[Limit, ...]) -> None:
     """Raise ValueError for a limit on a quantity the op does not have (a typo would never fire)."""
-    known = QUANTITIES.get(op, {})
+    known = quantities(op)
     for lim in limits:
         if lim.quantity not in known:
             raise ValueError(f"{op}: limit on {lim.quantity!r}; the op's quantities are {sorted(known)}")

@@ -1,4 +1,4 @@
-"""The ops of the contract (SPEC 2 and 7): the op declarations (backends/decls/<op>.py, `OpDecl`).
+"""The ops of the contract (SPEC 2 and 7): the op declarations (`OpDecl`, each in backends/reference/<op>.py).
 
 The conformance matrix's denominator is fixed by this table: every op x every value of its
 dtype axis, whatever a backend claims.

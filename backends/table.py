@@ -20,7 +20,7 @@ from backends.ops import OP_NAMES, OPS
 
 
 def interface_parameters(op: str) -> tuple[str, ...]:
-    """The argument names of `op` in order: its declaration's (backends/decls/<op>.py), which
+    """The argument names of `op` in order: its declaration's (backends/reference/<op>.py), which
     `Backend.<op>` takes too (checked when backends.interface is imported)."""
     return OPS[op].arg_names
 

@@ -8,9 +8,9 @@ Validation comes in tiers, so the hot path never reads the device back to the ho
   layouts are value-checked once per `SeqLayout` object (`SeqLayout.check`), whatever the mode.
 `Backend` calls them before dispatching, so a backend's own code may assume well-formed inputs and
 only has to decline (`NotSupported`) what it cannot serve.
-- `UNCHECKED[op]`: when the value checks do not run, the front door maps out-of-range values to one
-  defined result on device (a clamp, a sort, a mask; no host reads), so every backend returns the
-  same thing for them instead of reading out of bounds (SPEC 10).
+- `unchecked_<op>` (a declaration's `unchecked`): when the value checks do not run, the front door
+  maps out-of-range values to one defined result on device (a clamp, a sort, a mask; no host reads),
+  so every backend returns the same thing for them instead of reading out of bounds (SPEC 10).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def values_indexer_topk(q, k_cache, weights, layout, topk) -> None:
 MAX_PADDED_TOPK = 1 << 16
 
 
-def _check_topk_width(name: str, k: object, candidates: int, what: str) -> None:
+def check_topk_width(name: str, k: object, candidates: int, what: str) -> None:
     check_int(name, k, min_value=1)
     if k > max(candidates, MAX_PADDED_TOPK):
         fail(name, f"an int in [1, max({candidates}, {MAX_PADDED_TOPK})] (wider than {what} only pads)", k)
@@ -107,23 +107,7 @@ def _check_topk_width(name: str, k: object, candidates: int, what: str) -> None:
 
 def check_indexer_topk(q, k_cache, weights, layout, topk) -> None:
     check_indexer_logits(q, k_cache, weights, layout)
-    _check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
-
-
-def check_topk(x, k, lengths) -> None:
-    check_tensor("x", x, dtype=FLOAT_DTYPES, ndim=2)
-    _check_topk_width("k", k, x.shape[1], "the columns of x")
-    if lengths is not None:
-        check_tensor("lengths", lengths, dtype=(torch.int32, torch.int64), shape=(x.shape[0],))
-        check_same_device(x=x, lengths=lengths)
-
-
-def values_topk(x, k, lengths) -> None:
-    if lengths is not None:
-        if lengths.numel():
-            lo, hi = int(lengths.min()), int(lengths.max())
-            if lo < 0 or hi > x.shape[1]:
-                fail("lengths", f"values in [0, {x.shape[1]}] (columns of x)", f"range [{lo}, {hi}]")
+    check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
 
 
 def _check_pools(pools: MLAPools, layout: SeqLayout, d_qk: int, dtype) -> None:
@@ -183,13 +167,7 @@ def values_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, ret
     layout.check(q.shape[0], kv_cache, "kv_cache")
 
 
-def check_dynamic_quant_int8(x) -> None:
-    check_tensor("x", x, dtype=FLOAT_DTYPES, ndim=2)
-    if x.shape[1] < 1:
-        fail("x", "shape [M, K] with K >= 1", f"shape {_shape(x)}")
-
-
-def _check_epilogue(m: int, n: int, x_scale, w_scale_shape, w_scale, bias, out_dtype, **devs) -> None:
+def check_epilogue(m: int, n: int, x_scale, w_scale_shape, w_scale, bias, out_dtype, **devs) -> None:
     check_tensor("x_scale", x_scale, dtype=torch.float32, shape=(m,))
     check_tensor("w_scale", w_scale, dtype=torch.float32, shape=w_scale_shape)
     if bias is not None:
@@ -199,109 +177,10 @@ def _check_epilogue(m: int, n: int, x_scale, w_scale_shape, w_scale, bias, out_d
     check_same_device(x_scale=x_scale, w_scale=w_scale, bias=bias, **devs)
 
 
-def check_w8a8_matmul(x_q, x_scale, w_q, w_scale, bias, out_dtype) -> None:
-    check_tensor("x_q", x_q, dtype=torch.int8, ndim=2)
-    m, k = x_q.shape
-    check_tensor("w_q", w_q, dtype=torch.int8, ndim=2)
-    if w_q.shape[1] != k:
-        fail("w_q", f"shape [N, K={k}] (K as x_q)", f"shape {_shape(w_q)}")
-    n = w_q.shape[0]
-    _check_epilogue(m, n, x_scale, (n,), w_scale, bias, out_dtype, x_q=x_q, w_q=w_q)
-
-
-def _check_group_size(k: int, group_size) -> None:
+def check_group_size(k: int, group_size) -> None:
     check_int("group_size", group_size, min_value=1)
     if k % group_size:
         fail("group_size", f"a divisor of K={k}", group_size)
-
-
-def check_w4a8_matmul(x_q, x_scale, w_packed, w_scale, group_size, bias, out_dtype) -> None:
-    check_tensor("x_q", x_q, dtype=torch.int8, ndim=2)
-    m, k = x_q.shape
-    if k % 2:
-        fail("x_q", "an even K (two int4 weights per byte)", f"shape {_shape(x_q)}")
-    check_tensor("w_packed", w_packed, dtype=torch.uint8, ndim=2)
-    if w_packed.shape[1] != k // 2:
-        fail("w_packed", f"shape [N, K//2={k // 2}]", f"shape {_shape(w_packed)}")
-    n = w_packed.shape[0]
-    _check_group_size(k, group_size)
-    _check_epilogue(m, n, x_scale, (n, k // group_size), w_scale, bias, out_dtype, x_q=x_q, w_packed=w_packed)
-
-
-def check_grouped_matmul(
-    x, w, group_offsets, x_scale=None, w_scale=None, group_size=None, out_dtype=None
-) -> str:
-    """Returns the variant: "float", "w8a8" or "w4a8" (chosen by the dtypes of x and w)."""
-    check_tensor("x", x, dtype=FLOAT_DTYPES + (torch.int8,), ndim=2)
-    m, k = x.shape
-    check_tensor("w", w, ndim=3)
-    e = w.shape[0]
-    check_tensor("group_offsets", group_offsets, dtype=(torch.int32, torch.int64), shape=(e + 1,))
-    check_same_device(x=x, w=w, group_offsets=group_offsets)
-    if x.dtype in FLOAT_DTYPES:
-        if w.dtype != x.dtype:
-            fail("w", f"dtype {x.dtype} (as x)", w.dtype)
-        if w.shape[2] != k:
-            fail("w", f"shape [E, N, K={k}]", f"shape {_shape(w)}")
-        for name, v in (("x_scale", x_scale), ("w_scale", w_scale), ("group_size", group_size)):
-            if v is not None:
-                fail(name, "None for floating-point x", type(v).__name__)
-        if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
-            fail("out_dtype", "None or a float dtype", out_dtype)
-        return "float"
-    n = w.shape[1]
-    if out_dtype is None:
-        fail("out_dtype", "a float dtype for int8 x", None)
-    if w.dtype == torch.int8:
-        if w.shape[2] != k:
-            fail("w", f"shape [E, N, K={k}]", f"shape {_shape(w)}")
-        if group_size is not None:
-            fail("group_size", "None for W8A8 (per-channel scales)", group_size)
-        _check_epilogue(m, n, x_scale, (e, n), w_scale, None, out_dtype, x=x)
-        return "w8a8"
-    if w.dtype == torch.uint8:
-        if k % 2 or w.shape[2] != k // 2:
-            fail("w", f"packed int4 shape [E, N, K//2={k // 2}] with even K", f"shape {_shape(w)}")
-        _check_group_size(k, group_size)
-        _check_epilogue(m, n, x_scale, (e, n, k // group_size), w_scale, None, out_dtype, x=x)
-        return "w4a8"
-    fail("w", "dtype int8 (W8A8) or uint8 (packed int4, W4A8) for int8 x", w.dtype)
-
-
-def values_grouped_matmul(
-    x, w, group_offsets, x_scale=None, w_scale=None, group_size=None, out_dtype=None
-) -> None:
-    m = x.shape[0]
-    offs = group_offsets.tolist()
-    if offs[0] != 0 or offs[-1] > m or any(b < a for a, b in zip(offs, offs[1:])):
-        fail(
-            "group_offsets",
-            f"non-decreasing offsets from 0 to at most M={m}",
-            offs if len(offs) <= 16 else f"[{offs[0]}, ..., {offs[-1]}] (length {len(offs)})",
-        )
-
-
-def check_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
-    check_tensor("h", h, dtype=FLOAT_DTYPES, ndim=2)
-    n, d = h.shape
-    check_tensor("weight", weight, dtype=FLOAT_DTYPES, ndim=2)
-    if weight.shape[1] != d:
-        fail("weight", f"shape [V, D={d}]", f"shape {_shape(weight)}")
-    check_tensor("targets", targets, dtype=(torch.int64, torch.int32), shape=(n,))
-    check_same_device(h=h, weight=weight, targets=targets)
-    check_int("ignore_index", ignore_index)
-
-
-def values_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
-    n, v = h.shape[0], weight.shape[0]
-    if n:
-        counted = targets[targets != ignore_index]
-        if counted.numel() and (int(counted.min()) < 0 or int(counted.max()) >= v):
-            fail(
-                "targets",
-                f"values in [0, V={v}) or ignore_index={ignore_index}",
-                f"range [{int(counted.min())}, {int(counted.max())}]",
-            )
 
 
 # -- without value checks (SPEC 10): one defined result for out-of-range values, on device --------------
@@ -311,45 +190,15 @@ def values_linear_cross_entropy(h, weight, targets, ignore_index) -> None:
 Finish = Callable[[Any], Any] | None
 
 
-def unchecked_topk(args: dict[str, Any]) -> tuple[dict[str, Any], Finish]:
-    """lengths clamped to [0, C]: a negative length has no candidates, one past C has all of them."""
-    lengths = args["lengths"]
-    if lengths is None:
-        return args, None
-    return {**args, "lengths": lengths.clamp(0, args["x"].shape[1])}, None
-
-
 def _defined_offsets(offsets: torch.Tensor, m: int) -> torch.Tensor:
     """0, then every later offset clamped to [0, M] and sorted (rows past the last offset are padding,
     SPEC 2.8; ops torch.export and the ONNX export both take: no cummax, no in-place writes)."""
     return torch.nn.functional.pad(offsets[1:].clamp(0, m).sort(stable=True).values, (1, 0), value=0)
 
 
-def _unchecked_offsets(rows_arg: str) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]:
+def unchecked_offsets(rows_arg: str) -> Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]:
     def unchecked(args: dict[str, Any]) -> tuple[dict[str, Any], Finish]:
         m = args[rows_arg].shape[0]
         return {**args, "group_offsets": _defined_offsets(args["group_offsets"], m)}, None
 
     return unchecked
-
-
-def unchecked_linear_cross_entropy(args: dict[str, Any]) -> tuple[dict[str, Any], Finish]:
-    """A target outside [0, V) that is not ignore_index makes the loss NaN (with zero gradients); the
-    backend sees it as ignore_index, so no backend reads past the vocabulary."""
-    targets, ignore = args["targets"], args["ignore_index"]
-    bad = (targets != ignore) & ((targets < 0) | (targets >= args["weight"].shape[0]))
-    any_bad = bad.any()
-
-    def finish(loss: torch.Tensor) -> torch.Tensor:
-        return torch.where(any_bad, torch.full_like(loss, float("nan")), loss)
-
-    return {**args, "targets": targets.masked_fill(bad, ignore)}, finish
-
-
-#: op -> the mapping the front door applies when value checks do not run
-UNCHECKED: dict[str, Callable[[dict[str, Any]], tuple[dict[str, Any], Finish]]] = {
-    "topk": unchecked_topk,
-    "grouped_matmul": _unchecked_offsets("x"),
-    "fp8_grouped_matmul": _unchecked_offsets("x_q"),
-    "linear_cross_entropy": unchecked_linear_cross_entropy,
-}

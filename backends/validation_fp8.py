@@ -14,12 +14,11 @@ from backends.validation import (  # noqa: F401  (MLA_*: the FlashMLA row's widt
     MLA_ROW_BYTES,
     _check_cache,
     _check_layout,
-    _check_topk_width,
     _shape,
     check_heads,
-    check_int,
     check_same_device,
     check_tensor,
+    check_topk_width,
     fail,
 )
 
@@ -27,59 +26,13 @@ E4M3 = torch.float8_e4m3fn
 BLOCK = 128
 
 
-def _cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _check_out_dtype(out_dtype) -> None:
+def check_out_dtype(out_dtype) -> None:
     if out_dtype not in FLOAT_DTYPES:
         fail("out_dtype", "one of torch.float32, torch.float16, torch.bfloat16", out_dtype)
-
-
-def check_fp8_quant_group(x, group_size, eps, ue8m0) -> None:
-    check_tensor("x", x, dtype=FLOAT_DTYPES, ndim=2)
-    check_int("group_size", group_size, min_value=1)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 < float(eps) < float("inf")):
-        fail("eps", "a positive finite float (1e-4 DeepSeek, 1e-10 vLLM)", eps)
-    if not isinstance(ue8m0, bool):
-        fail("ue8m0", "a bool", type(ue8m0).__name__)
-
-
-def check_fp8_block_matmul(x_q, x_scale, w_q, w_scale_inv, bias, out_dtype) -> None:
-    check_tensor("x_q", x_q, dtype=E4M3, ndim=2)
-    m, k = x_q.shape
-    check_tensor("w_q", w_q, dtype=E4M3, ndim=2)
-    if w_q.shape[1] != k:
-        fail("w_q", f"shape [N, K={k}] (K as x_q)", f"shape {_shape(w_q)}")
-    n = w_q.shape[0]
-    check_tensor("x_scale", x_scale, dtype=torch.float32, shape=(m, _cdiv(k, BLOCK)))
-    check_tensor("w_scale_inv", w_scale_inv, dtype=torch.float32, shape=(_cdiv(n, BLOCK), _cdiv(k, BLOCK)))
-    if bias is not None:
-        check_tensor("bias", bias, dtype=FLOAT_DTYPES, shape=(n,))
-    _check_out_dtype(out_dtype)
-    check_same_device(x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale_inv=w_scale_inv, bias=bias)
-
-
-def check_fp8_grouped_matmul(x_q, x_scale, w_q, w_scale_inv, group_offsets, out_dtype) -> None:
-    check_tensor("x_q", x_q, dtype=E4M3, ndim=2)
-    m, k = x_q.shape
-    check_tensor("w_q", w_q, dtype=E4M3, ndim=3)
-    e, n = w_q.shape[0], w_q.shape[1]
-    if w_q.shape[2] != k:
-        fail("w_q", f"shape [E, N, K={k}] (K as x_q)", f"shape {_shape(w_q)}")
-    check_tensor("x_scale", x_scale, dtype=torch.float32, shape=(m, _cdiv(k, BLOCK)))
-    check_tensor("w_scale_inv", w_scale_inv, dtype=torch.float32, shape=(e, _cdiv(n, BLOCK), _cdiv(k, BLOCK)))
-    check_tensor("group_offsets", group_offsets, dtype=(torch.int32, torch.int64), shape=(e + 1,))
-    _check_out_dtype(out_dtype)
-    check_same_device(x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale_inv=w_scale_inv, group_offsets=group_offsets)
-
-
-def values_fp8_grouped_matmul(x_q, x_scale, w_q, w_scale_inv, group_offsets, out_dtype) -> None:
-    m = x_q.shape[0]
-    offs = group_offsets.tolist()
-    if offs[0] != 0 or offs[-1] > m or any(b < a for a, b in zip(offs, offs[1:])):
-        shown = offs if len(offs) <= 16 else f"[{offs[0]}, ..., {offs[-1]}] (length {len(offs)})"
-        fail("group_offsets", f"non-decreasing offsets from 0 to at most M={m}", shown)
 
 
 def _check_fp8_keys(k_cache, k_scale, layout, d_i) -> None:
@@ -100,7 +53,7 @@ def check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:
 
 def check_fp8_indexer_topk(q, k_cache, k_scale, weights, layout, topk) -> None:
     check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout)
-    _check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
+    check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
 
 
 def values_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:

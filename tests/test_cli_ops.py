@@ -49,7 +49,8 @@ def test_where_topk_lives(with_dayone):
     rows = _lines(out.output)
     assert out.output.splitlines()[0] == "topk"
     assert rows["spec"].startswith("docs/spec.md 2.3 `topk(")
-    assert rows["declaration"].startswith("backends/decls/topk.py:") and rows["declaration"].endswith(" topk")
+    declared = rows["declaration"]
+    assert declared.startswith("backends/reference/topk.py:") and declared.endswith(" topk")
     assert rows["interface"].startswith("backends/interface_ops.py:")
     assert rows["interface"].endswith("ContractOps.topk")
     # through the counting decorator, to the function's own file

@@ -25,15 +25,6 @@ def _i8(g: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
 
 
-def _topk(q: str, v: int) -> Callable:
-    def build(g, dt):
-        cols = v if q == "columns" else max(v + 7, 64)
-        k = v if q == "k" else min(8, cols)
-        return dict(x=_f(g, dt, 3, cols), k=k, lengths=None)
-
-    return build
-
-
 def _indexer(op: str, q: str, v: int) -> Callable:
     def build(g, dt):
         h = v if q == "index_heads" else 2
@@ -71,85 +62,6 @@ def _attention(q: str, v: int) -> Callable:
     return build
 
 
-def _gemm(op: str, q: str, v: int, variant: str) -> Callable:
-    def build(g, dt):
-        out = getattr(torch, dt)
-        gs = v if q == "group_size" else 32
-        k = v if q == "K" else (2 * gs if op != "dynamic_quant_int8" else 64)
-        n = v if q == "N" else 8
-        if op == "dynamic_quant_int8":
-            return dict(x=_f(g, dt, 3, k))
-        if op == "w8a8_matmul":
-            return dict(
-                x_q=_i8(g, 3, k),
-                x_scale=torch.rand(3, generator=g),
-                w_q=_i8(g, n, k),
-                w_scale=torch.rand(n, generator=g),
-                bias=None,
-                out_dtype=out,
-            )
-        if op == "w4a8_matmul":
-            k += k % 2
-            gs = gs if k % gs == 0 else k
-            packed = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
-            return dict(
-                x_q=_i8(g, 3, k),
-                x_scale=torch.rand(3, generator=g),
-                w_packed=packed,
-                w_scale=torch.rand(n, k // gs, generator=g),
-                group_size=gs,
-                bias=None,
-                out_dtype=out,
-            )
-        e = v if q == "experts" else 3
-        offs = torch.linspace(0, 6, e + 1).round().to(torch.int64)
-        if variant in ("w8a8", "w4a8"):
-            base = dict(x_scale=torch.rand(6, generator=g), out_dtype=torch.bfloat16)
-            if variant == "w8a8":
-                return dict(
-                    x=_i8(g, 6, k),
-                    w=_i8(g, e, n, k),
-                    group_offsets=offs,
-                    w_scale=torch.rand(e, n, generator=g),
-                    group_size=None,
-                    **base,
-                )
-            k += k % 2
-            gs = gs if k % gs == 0 else k
-            w = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
-            return dict(
-                x=_i8(g, 6, k),
-                w=w,
-                group_offsets=offs,
-                w_scale=torch.rand(e, n, k // gs, generator=g),
-                group_size=gs,
-                **base,
-            )
-        return dict(
-            x=_f(g, dt, 6, k),
-            w=_f(g, dt, e, n, k),
-            group_offsets=offs,
-            x_scale=None,
-            w_scale=None,
-            group_size=None,
-            out_dtype=None,
-        )
-
-    return build
-
-
-def _lce(v: int) -> Callable:
-    def build(g, dt):
-        return dict(
-            h=_f(g, dt, 5, 16),
-            weight=_f(g, dt, v, 16),
-            targets=torch.randint(0, v, (5,), generator=g),
-            ignore_index=-100,
-        )
-
-    return build
-
-
 def _fp8_indexer(op: str, q: str, v: int) -> Callable:
     """The float indexer case, quantized as DeepSeek-V3.2 does (e4m3 q and keys, one scale per key)."""
     base = _indexer(op.removeprefix("fp8_"), q, v)
@@ -161,15 +73,6 @@ def _fp8_indexer(op: str, q: str, v: int) -> Callable:
         nb, bs, d = a["k_cache"].shape
         q8, k8, ks, w8 = quantize_indexer_inputs(a["q"], a["k_cache"].reshape(-1, d), a["weights"])
         return a | dict(q=q8, k_cache=k8.reshape(nb, bs, d), k_scale=ks.reshape(nb, bs), weights=w8)
-
-    return build
-
-
-def _fp8_quant_group(q: str, v: int) -> Callable:
-    def build(g, dt):
-        gs = v if q == "group_size" else 128
-        k = v if q == "K" else 2 * gs
-        return dict(x=_f(g, dt, 3, k), group_size=gs, eps=1e-4, ue8m0=False)
 
     return build
 
@@ -207,10 +110,6 @@ def _float(dt: str) -> str:
     return dt if dt in FLOATS else "float32"
 
 
-def topk(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
-    return _topk(q, v)(g, _float(dt))
-
-
 def indexer(op: str) -> Sized:
     return lambda g, dt, q, v: _indexer(op, q, v)(g, _float(dt))
 
@@ -225,16 +124,3 @@ def attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
 
 def fp8_attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
     return _fp8_attention(q, v)(g, _float(dt))
-
-
-def gemm(op: str) -> Sized:
-    """dynamic_quant_int8, w8a8_matmul, w4a8_matmul, grouped_matmul (its variant: the dtype-axis value)."""
-    return lambda g, dt, q, v: _gemm(op, q, v, dt)(g, _float(dt))
-
-
-def linear_cross_entropy(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
-    return _lce(v)(g, _float(dt))
-
-
-def fp8_quant_group(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:
-    return _fp8_quant_group(q, v)(g, _float(dt))

@@ -1,27 +1,19 @@
-"""The `reference` backend: the contract (SPEC 2) in plain fp32 torch on the CPU.
+"""The `reference` backend: the contract (SPEC 2) in plain fp32 torch on the CPU, one module per op.
 
-Every other backend is checked against it. Which file serves which op:
+Every other backend is checked against it. An op's module is also its declaration (`DECL`: signature,
+fake, validators, limits, sample; backends/decl.py), so the package itself imports nothing at load:
+the op table (backends/ops.py) reads these modules, and the backend's class (backend.py) reads the table.
 """
 
 from __future__ import annotations
 
-import platform
-
-import torch
-
-from backends.interface import Backend
-from backends.table import load_ops
+import importlib
+from typing import Any
 
 
-class ReferenceBackend(Backend):
-    name = "reference"
-    device = "cpu"
-    #: backends/reference/<op>.py for every op; each module's IMPL gives its capabilities
-    ops = load_ops("backends.reference")
-
-    def environment(self) -> dict[str, str]:
-        return {
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-        }
+def __getattr__(name: str) -> Any:
+    # the class the registry names (backends.reference:ReferenceBackend), read when first asked for: the
+    # package itself stays below the op table, which reads its op modules
+    if name == "ReferenceBackend":
+        return importlib.import_module("backends.reference.backend").ReferenceBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

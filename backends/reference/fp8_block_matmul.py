@@ -12,16 +12,20 @@ Partial last K / N blocks are legal (their scales cover the columns / rows that 
 This is the "promotion every 128 K elements" of the DeepSeek-V3 report: the tensor core accumulates one
 block, the fp32 accumulator takes it with both scales. A kernel's within-block sum may round
 differently (fp32, or Hopper's ~14-bit wgmma accumulator); the tolerance is stated in SPEC 7.2.
+This module is the op's declaration too (`DECL`: the function below is the signature).
 """
 
 from __future__ import annotations
 
 import torch
 
+from backends.argcheck import FLOAT_DTYPES, check_same_device, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
-from backends.ops import FLOATS
-from backends.reference.fp8_format import BLOCK, cdiv
+from backends.decl import OpDecl
+from backends.decls._common import E4M3, FLOATS, TDTYPE, dtype_of, randn, rows_by_cols
+from backends.reference.fp8_format import BLOCK, cdiv, quantize_weight_blocks
+from backends.validation_fp8 import check_out_dtype
 
 
 def block_dots(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
@@ -62,4 +66,43 @@ def fp8_block_matmul(
     return acc.to(out_dtype)
 
 
+def check(x_q, x_scale, w_q, w_scale_inv, bias, out_dtype) -> None:
+    check_tensor("x_q", x_q, dtype=E4M3, ndim=2)
+    m, k = x_q.shape
+    check_tensor("w_q", w_q, dtype=E4M3, ndim=2)
+    if w_q.shape[1] != k:
+        fail("w_q", f"shape [N, K={k}] (K as x_q)", f"shape {list(w_q.shape)}")
+    n = w_q.shape[0]
+    check_tensor("x_scale", x_scale, dtype=torch.float32, shape=(m, cdiv(k, BLOCK)))
+    check_tensor("w_scale_inv", w_scale_inv, dtype=torch.float32, shape=(cdiv(n, BLOCK), cdiv(k, BLOCK)))
+    if bias is not None:
+        check_tensor("bias", bias, dtype=FLOAT_DTYPES, shape=(n,))
+    check_out_dtype(out_dtype)
+    check_same_device(x_q=x_q, x_scale=x_scale, w_q=w_q, w_scale_inv=w_scale_inv, bias=bias)
+
+
+def quantized_rows(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three rows of 130 quantized by fp8_quant_group (UE8M0 scales): a sample's activations."""
+    from backends.reference.fp8_quant_group import fp8_quant_group as quant
+
+    return quant(randn(g, 3, 130), 128, 1e-4, True)
+
+
+def sample(g: torch.Generator, dt: str, grad: bool) -> dict:
+    x_q, x_s = quantized_rows(g)
+    w_q, w_s = quantize_weight_blocks(randn(g, 5, 130))
+    return dict(x_q=x_q, x_scale=x_s, w_q=w_q, w_scale_inv=w_s, bias=None, out_dtype=TDTYPE[dt])
+
+
+DECL = OpDecl(
+    name="fp8_block_matmul",
+    spec_section="7.2",
+    signature=fp8_block_matmul,
+    dtype_axis=FLOATS,
+    dtype_of=dtype_of("out_dtype"),
+    validate=check,
+    fake=rows_by_cols(("x_q", 0), ("w_q", 0), lambda a: a["out_dtype"]),
+    sample=sample,
+    sharding="columns or rows local",
+)
 IMPL = OpImpl(fp8_block_matmul, OpCaps(FLOATS))

@@ -10,15 +10,18 @@ its own columns):
 Dequantization: x ~= x_q * s. NaN in a group gives a NaN scale and NaN codes (as upstream).
 DeepSeek's TileLang `act_quant` multiplies amax by fl(1/448) instead of dividing: the same UE8M0 power
 for every fp32 amax, but without UE8M0 one ulp apart for about 55% of amax values (SPEC 7.8).
+This module is the op's declaration too (`DECL`: the function below is the signature).
 """
 
 from __future__ import annotations
 
 import torch
 
+from backends.argcheck import FLOAT_DTYPES, check_int, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
-from backends.ops import FLOATS
+from backends.decl import OpDecl
+from backends.decls._common import E4M3, FLOATS, dim, dtype_of, randn, scalar
 from backends.reference.fp8_format import BLOCK, EPS_DEEPSEEK, cast_e4m3, cdiv, expand_groups, group_scale
 
 
@@ -37,4 +40,41 @@ def fp8_quant_group(
     return x_q, scale
 
 
+def check(x, group_size, eps, ue8m0) -> None:
+    check_tensor("x", x, dtype=FLOAT_DTYPES, ndim=2)
+    check_int("group_size", group_size, min_value=1)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 < float(eps) < float("inf")):
+        fail("eps", "a positive finite float (1e-4 DeepSeek, 1e-10 vLLM)", eps)
+    if not isinstance(ue8m0, bool):
+        fail("ue8m0", "a bool", type(ue8m0).__name__)
+
+
+def fake(a: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    x = a["x"]
+    groups = -(-x.shape[1] // a["group_size"])
+    return x.new_empty(x.shape, dtype=E4M3), x.new_empty((x.shape[0], groups), dtype=torch.float32)
+
+
+def sized(g: torch.Generator, dt: str, quantity: str, v: int) -> dict:
+    """Arguments with `quantity` ("group_size" or "K") at v."""
+    gs = v if quantity == "group_size" else 128
+    k = v if quantity == "K" else 2 * gs
+    return dict(
+        x=randn(g, 3, k, dtype=dt if dt in FLOATS else "float32"), group_size=gs, eps=1e-4, ue8m0=False
+    )
+
+
+DECL = OpDecl(
+    name="fp8_quant_group",
+    spec_section="7.1",
+    signature=fp8_quant_group,
+    dtype_axis=FLOATS,
+    dtype_of=dtype_of("x"),
+    validate=check,
+    fake=fake,
+    sample=lambda g, dt, grad: dict(x=randn(g, 3, 200, dtype=dt), group_size=128, eps=1e-4, ue8m0=False),
+    sized=sized,
+    sharding="columns or rows local",
+    quantities={"group_size": scalar("group_size"), "K": dim("x", 1)},
+)
 IMPL = OpImpl(fp8_quant_group, OpCaps(FLOATS))

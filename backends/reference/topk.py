@@ -1,4 +1,6 @@
-"""Deterministic top-k (SPEC 2.3), the rule every backend must reproduce bitwise.
+"""topk (SPEC 2.3): deterministic row-wise top-k (the MoE router's and the indexer's selection), the rule
+every backend must reproduce bitwise. This module is the op's declaration too (`DECL`: the function below
+is the signature; validators, fake, limits, sample).
 
 Order: value descending; equal values -> lower index first (-0.0 == +0.0); NaN below every number
 (-inf included); non-candidates (columns >= lengths[r]) never selected: their slots get -1 / -inf.
@@ -8,9 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from backends.argcheck import FLOAT_DTYPES, check_same_device, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
-from backends.ops import FLOATS
+from backends.decl import OpDecl
+from backends.decls._common import FLOATS, dim, dtype_of, randn, scalar
+from backends.validation import check_topk_width
 
 
 def rule_order(values: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
@@ -29,6 +34,7 @@ def rule_order(values: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
 
 @reference_op("topk")
 def topk(x: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, C] float, lengths int [R] or None -> (values [R, k] dtype of x, indices int32 [R, k])."""
     r, c = x.shape  # x: [R, C]
     cols = torch.arange(c)
     candidate = (
@@ -46,4 +52,58 @@ def topk(x: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> tuple[
     return values, indices
 
 
+def check(x, k, lengths) -> None:
+    check_tensor("x", x, dtype=FLOAT_DTYPES, ndim=2)
+    check_topk_width("k", k, x.shape[1], "the columns of x")
+    if lengths is not None:
+        check_tensor("lengths", lengths, dtype=(torch.int32, torch.int64), shape=(x.shape[0],))
+        check_same_device(x=x, lengths=lengths)
+
+
+def values(x, k, lengths) -> None:
+    if lengths is not None and lengths.numel():
+        lo, hi = int(lengths.min()), int(lengths.max())
+        if lo < 0 or hi > x.shape[1]:
+            fail("lengths", f"values in [0, {x.shape[1]}] (columns of x)", f"range [{lo}, {hi}]")
+
+
+def unchecked(args: dict) -> tuple[dict, None]:
+    """lengths clamped to [0, C]: a negative length has no candidates, one past C has all of them."""
+    lengths = args["lengths"]
+    if lengths is None:
+        return args, None
+    return {**args, "lengths": lengths.clamp(0, args["x"].shape[1])}, None
+
+
+def fake(a: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    x, k = a["x"], a["k"]
+    return x.new_empty((x.shape[0], k)), x.new_empty((x.shape[0], k), dtype=torch.int32)
+
+
+def sample(g: torch.Generator, dt: str, grad: bool) -> dict:
+    return dict(x=randn(g, 5, 3000, dtype=dt), k=64, lengths=torch.tensor([3000, 10, 0, 2999, 64]))
+
+
+def sized(g: torch.Generator, dt: str, quantity: str, v: int) -> dict:
+    """Arguments with `quantity` ("k" or "columns") at v."""
+    cols = v if quantity == "columns" else max(v + 7, 64)
+    k = v if quantity == "k" else min(8, cols)
+    return dict(x=randn(g, 3, cols, dtype=dt if dt in FLOATS else "float32"), k=k, lengths=None)
+
+
+DECL = OpDecl(
+    name="topk",
+    spec_section="2.3",
+    signature=topk,
+    dtype_axis=FLOATS,
+    dtype_of=dtype_of("x"),
+    validate=check,
+    values=values,
+    unchecked=unchecked,
+    fake=fake,
+    sample=sample,
+    sized=sized,
+    sharding="replicated",
+    quantities={"k": scalar("k"), "columns": dim("x", 1)},
+)
 IMPL = OpImpl(topk, OpCaps(FLOATS, tie_rule="lower_index", layout_invariant=True))

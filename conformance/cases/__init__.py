@@ -25,7 +25,7 @@ def module(op: str) -> ModuleType:
 
 
 def declared_case(op: str, cases: list[Case]) -> Case:
-    """The op's first smoke case, from its declaration's sample (backends/decls/<op>.py), on the dtypes
+    """The op's first smoke case, from its declaration's sample (backends/reference/<op>.py), on the dtypes
     the sample builds (it must make `dtype_of` that value), compared as the op's other cases are."""
     d = OPS[op]
     outputs = next(c.outputs for c in cases if c.outputs)
@@ -38,7 +38,7 @@ def declared_case(op: str, cases: list[Case]) -> Case:
         outputs,
         dtypes=dtypes,
         grad_args=d.grad_args,
-        tags={"from": f"backends/decls/{op}.py"},
+        tags={"from": d.signature.__module__.replace(".", "/") + ".py"},
     )
 
 

@@ -3,7 +3,7 @@
 For every limit: one case with the quantity AT its bound (the backend claims it: it must pass against
 the reference) and one JUST PAST it (the backend must decline it with NotSupported; for a `route`
 limit it still claims it, by the other route, and must pass). The inputs are the op declaration's
-`sized` (backends/decls/_sized.py: the smallest valid arguments with one quantity set); a bound whose case
+`sized` (in the op's declaration: the smallest valid arguments with one quantity set); a bound whose case
 would not fit in a CPU run's memory is left out (the front door still enforces it).
 """
 

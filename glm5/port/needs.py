@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from backends.cache_layout import cache_kind
+from backends.hooks import Hook
 from backends.layout import SeqLayout
 from backends.ops import OPS
 from backends.reference import ReferenceBackend
@@ -56,8 +57,9 @@ class Recorder(ReferenceBackend):
         super().__init__()
         self.seen: dict[tuple[str, str], Needed] = {}
         self.phase = ""
+        self.hooks = (_Record(self),)
 
-    def _call(self, op: str, args: dict[str, Any]) -> Any:
+    def record(self, op: str, args: dict[str, Any]) -> None:
         dt = OPS[op].dtype_of(args)
         rec = self.seen.setdefault((op, dt), Needed(op, dt))
         rec.calls += 1
@@ -72,7 +74,16 @@ class Recorder(ReferenceBackend):
             and any(isinstance(v, torch.Tensor) and v.requires_grad for v in args.values())
         ):
             rec.backward = True
-        return super()._call(op, args)
+
+
+class _Record(Hook):
+    """Every call the recorder's front door serves, written down (a hook: it sees the validated call)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def observe(self, backend: Any, op: str, args: dict[str, Any], out: Any) -> None:
+        self.recorder.record(op, args)
 
 
 def load_config(config: str):

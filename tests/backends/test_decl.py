@@ -1,6 +1,6 @@
-"""One declaration per op (backends/decl.py, backends/decls/<op>.py): what is derived from it is checked
-against it (the custom ops' schemas, the typed interface, the reference, the limit table, the op table),
-and opcheck runs over every op's declared samples."""
+"""One declaration per op (backends/decl.py, in backends/reference/<op>.py): what is derived from it is
+checked against it (the custom ops' schemas, the typed interface, the reference, the limit table, the op
+table), and opcheck runs over every op's declared samples."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from backends import SeqLayout, library
 from backends.decl import SHARDING, OpDecl, check_interface
 from backends.decls import DECLS
 from backends.interface import Backend
-from backends.limits import QUANTITIES
+from backends.limits import QUANTITIES, quantities
 from backends.ops import OPS
 
 #: the public surface `torch.ops.glm5.<op>` (graphs, exported programs and the ONNX translation depend
@@ -42,7 +42,7 @@ def test_the_op_table_is_the_declarations():
     sections = [tuple(int(p) for p in d.spec_section.split(".")) for d in DECLS.values()]
     assert sections == sorted(sections)
     for op, d in DECLS.items():
-        assert QUANTITIES[op] is d.quantities
+        assert QUANTITIES[op] is d.quantities and quantities(op) is d.quantities
         assert d.sharding in SHARDING
 
 
@@ -75,7 +75,7 @@ def test_an_interface_method_that_drifts_fails_the_check():
         def topk(self, x: torch.Tensor, k: int, lengths: torch.Tensor | None = None, sorted: bool = True):
             raise NotImplementedError
 
-    with pytest.raises(TypeError, match=r"Drifted.topk takes .*backends/decls/topk.py"):
+    with pytest.raises(TypeError, match=r"Drifted.topk takes .*backends.reference.topk"):
         check_interface(Drifted, DECLS)
 
     class Retyped(Backend):

@@ -183,7 +183,7 @@ def test_plugin_through_entry_point(plugin_site, monkeypatch):
     # a plugin cannot shadow a built-in
     assert (
         backends.get("reference").name == "reference"
-        and type(backends.get("reference")).__module__ == "backends.reference"
+        and type(backends.get("reference")).__module__ == "backends.reference.backend"
     )
 
 

@@ -38,7 +38,7 @@ def test_reports_and_fixed_denominator(tmp_path):
     md = paths["markdown"].read_text()
     rows = [line for line in md.splitlines() if line.split(" | ")[0].removeprefix("| ") in OPS]
     assert len(rows) == sum(len(s.dtype_axis) for s in OPS.values())  # every op x dtype, selected or not
-    # topk smoke: its declared sample (backends/decls/topk.py) and the two of conformance/cases/topk.py
+    # topk smoke: its declared sample (backends/reference/topk.py) and the two of conformance/cases/topk.py
     assert "| w4a8_matmul | float16 | - |" in md and "| topk | float32 | 3/3 |" in md
 
 

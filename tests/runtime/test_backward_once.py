@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import backends
-from backends import custom_op, interface
+from backends import custom_op, door
 from backends.caps import OpCaps, OpImpl
 from backends.ops import FLOATS
 from tests.backends.reference._cases import pack
@@ -38,7 +38,7 @@ def test_differentiable_without_a_declared_backward_is_refused():
 
 def test_no_private_dispatch_state_is_read_or_flipped():
     assert "torch._C" not in inspect.getsource(custom_op)
-    assert "torch._C" not in inspect.getsource(interface._plain_eager)
+    assert "torch._C" not in inspect.getsource(door)
 
 
 def _paged(seed: int):

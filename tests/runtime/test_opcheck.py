@@ -26,7 +26,7 @@ def _names() -> list[str]:
 
 
 def _samples(op: str, grad: bool, caps) -> dict:
-    """The op's declared sample (backends/decls/<op>.py) of the first dtype the backend claims."""
+    """The op's declared sample (backends/reference/<op>.py) of the first dtype the backend claims."""
     d = backends.OPS[op]
     dt = next((t for t in d.dtype_axis if t in caps.dtypes), d.dtype_axis[0])
     return d.sample(torch.Generator().manual_seed(0), dt, grad)
