@@ -21,10 +21,6 @@ def _f(g: torch.Generator, dtype: str, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=g).to(getattr(torch, dtype))
 
 
-def _i8(g: torch.Generator, *shape: int) -> torch.Tensor:
-    return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
-
-
 def _indexer(op: str, q: str, v: int) -> Callable:
     def build(g, dt):
         h = v if q == "index_heads" else 2
