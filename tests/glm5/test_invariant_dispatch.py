@@ -23,7 +23,11 @@ from tests.glm5.test_invariant_layouts import _decoded, _ids, _model, _nullctx, 
 from tests.ranks import run_ranks
 
 BACKENDS = ("reference", "cpu")
-PREFIX = 36  # prefill 36 of the 40 tokens (index_topk 16: sparse), then 4 decode steps
+S, PREFIX = 24, 20  # the first 24 tokens of _ids (index_topk 16: sparse); prefill 20, then 4 decode steps
+
+
+def _short() -> torch.Tensor:
+    return _ids()[:, :S]
 
 
 @torch.no_grad()
@@ -41,13 +45,13 @@ def _dropped(model) -> int:
 
 
 def _rank(rank: int, world: int, backend: str) -> dict:
-    g, ids, out = TorchGroup(), _ids(), {}
+    g, ids, out = TorchGroup(), _short(), {}
     mine = ids[2 * rank : 2 * rank + 2]  # data parallel: each rank holds its own half of the batch
     model = _model(backend)
     plan.apply(model, tp=Single(), ep=g, ep_tokens="local")  # contiguous dispatch
     out["dp"] = _with_draft(model, mine, True)
     model = _model(backend)
-    # masked dispatch, room for every pair of the prefill (72 tokens per rank) and each decode step
+    # masked dispatch, room for every pair of the prefill (2 x PREFIX tokens per rank) and each decode step
     plan.apply(model, tp=Single(), ep=g, ep_tokens="local", ep_capacity=2 * PREFIX)
     out["dp masked"] = _decoded(model, mine, PREFIX, True)
     out["dp masked normal"] = _decoded(model, mine, PREFIX, False)
@@ -65,14 +69,14 @@ def _rank(rank: int, world: int, backend: str) -> dict:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_dispatched_ep_and_mtp_drafts_are_the_unsplit_bits_and_the_normal_mode_is_not(backend):
-    model, ids = _model(backend), _ids()
+    model, ids = _model(backend), _short()
     logits, topk, draft = _with_draft(model, ids, True)
     logits_normal, _, draft_normal = _with_draft(model, ids, False)
     one = _with_draft(model, ids[2:3], True)  # batch 1 vs 4, the draft included
     assert torch.equal(one[0][0], logits[2]) and torch.equal(one[2][0], draft[2])
     results = run_ranks(_rank, 2, backend)
     for rank, r in enumerate(results):
-        rows, toks = slice(2 * rank, 2 * rank + 2), slice(2 * rank * 40, (2 * rank + 2) * 40)
+        rows, toks = slice(2 * rank, 2 * rank + 2), slice(2 * rank * S, (2 * rank + 2) * S)
         mine = (logits[rows], [t[toks] for t in topk])
         assert _same(r["dp"][:2], mine) and torch.equal(r["dp"][2], draft[rows])
         assert _same(r["dp masked"], mine) and r["dp masked dropped"] == 0
