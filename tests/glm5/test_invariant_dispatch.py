@@ -40,27 +40,55 @@ def _with_draft(model, ids, invariant: bool):
     return out.logits, [t.clone() for t in out.topk], draft
 
 
+class _Capacities:
+    """The reference's dispatch steps (backends/expert_dispatch.py) as a host's `expert_steps`, recording
+    each dispatch's capacity (None: the contiguous mode), so a test sees which mode ran."""
+
+    def __init__(self) -> None:
+        from backends import expert_dispatch
+
+        self.ref, self.seen = expert_dispatch, set()
+
+    def layout(self, ids, n_experts):
+        return self.ref.layout(ids, n_experts)
+
+    def dispatch(self, x, lay, group, capacity=None):
+        self.seen.add(capacity)
+        return self.ref.dispatch(x, lay, group, capacity)
+
+    def combine(self, ys, weights, h, group):
+        return self.ref.combine(ys, weights, h, group)
+
+
+def _group() -> TorchGroup:
+    g = TorchGroup()
+    g.expert_steps = _Capacities()
+    return g
+
+
 def _dropped(model) -> int:
     return sum(int(m.ep_dropped) for m in model.modules() if isinstance(m, plan.ExpertParallel))
 
 
 def _rank(rank: int, world: int, backend: str) -> dict:
-    g, ids, out = TorchGroup(), _short(), {}
+    ids, out = _short(), {}
     mine = ids[2 * rank : 2 * rank + 2]  # data parallel: each rank holds its own half of the batch
-    model = _model(backend)
+    model, g = _model(backend), _group()
     plan.apply(model, tp=Single(), ep=g, ep_tokens="local")  # contiguous dispatch
     out["dp"] = _with_draft(model, mine, True)
-    model = _model(backend)
+    out["dp capacities"] = g.expert_steps.seen
+    model, g = _model(backend), _group()
     # masked dispatch, room for every pair of the prefill (2 x PREFIX tokens per rank) and each decode step
     plan.apply(model, tp=Single(), ep=g, ep_tokens="local", ep_capacity=2 * PREFIX)
     out["dp masked"] = _decoded(model, mine, PREFIX, True)
     out["dp masked normal"] = _decoded(model, mine, PREFIX, False)
-    out["dp masked dropped"] = _dropped(model)
-    model = _model(backend)
+    out["dp masked dropped"], out["dp masked capacities"] = _dropped(model), g.expert_steps.seen
+    model, g = _model(backend), _group()
     plan.apply(model, tp=Single(), ep=g, ep_masked_tokens=ids.numel() // 2)  # each rank's chunk: masked
     out["replicated masked"] = _with_draft(model, ids, True)
+    out["replicated masked capacities"] = g.expert_steps.seen
     out["replicated masked dropped"] = _dropped(model)
-    model = _model(backend)
+    model, g = _model(backend), TorchGroup()
     plan.apply(model, tp=g, ep=g)
     out["tp"] = _with_draft(model, ids, True)
     out["tp normal draft"] = _with_draft(model, ids, False)[2]
@@ -78,6 +106,8 @@ def test_dispatched_ep_and_mtp_drafts_are_the_unsplit_bits_and_the_normal_mode_i
     for rank, r in enumerate(results):
         rows, toks = slice(2 * rank, 2 * rank + 2), slice(2 * rank * S, (2 * rank + 2) * S)
         mine = (logits[rows], [t[toks] for t in topk])
+        assert r["dp capacities"] == {None}
+        assert r["dp masked capacities"] == {2 * PREFIX} and r["replicated masked capacities"] == {S * 2}
         assert _same(r["dp"][:2], mine) and torch.equal(r["dp"][2], draft[rows])
         assert _same(r["dp masked"], mine) and r["dp masked dropped"] == 0
         # the same comparison in the normal mode fails: its decode steps move low bits against its prefill
