@@ -32,7 +32,7 @@ from backends.cache_layout import MLAPools
 from backends.layout import SeqLayout
 
 
-def _check_cache(name: str, cache: torch.Tensor, layout: SeqLayout, width: int, dtype) -> None:
+def check_cache(name: str, cache: torch.Tensor, layout: SeqLayout, width: int, dtype) -> None:
     if layout.kind == "ragged" and cache.dim() != 2:
         fail(name, "a ragged cache [rows, D] (the layout has cu_seqlens_k)", f"shape {_shape(cache)}")
     if layout.kind == "paged" and cache.dim() != 3:
@@ -46,7 +46,7 @@ def _check_cache(name: str, cache: torch.Tensor, layout: SeqLayout, width: int, 
         fail(name, f"last dim {width}", f"shape {_shape(cache)}")
 
 
-def _check_layout(layout: object, num_tokens: int, cache: torch.Tensor, cache_name: str) -> None:
+def check_layout(layout: object, num_tokens: int, cache: torch.Tensor, cache_name: str) -> None:
     if not isinstance(layout, SeqLayout):
         fail("layout", "a backends.SeqLayout", type(layout).__name__)
     if layout.device != cache.device:
@@ -69,31 +69,6 @@ INDEX_SCALE_BYTES = 4
 MLA_D_QK, MLA_D_V, MLA_ROW_BYTES = 576, 512, 656
 
 
-def check_indexer_logits(q, k_cache, weights, layout) -> None:
-    check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
-    t, h_i, d_i = q.shape
-    check_heads(q)
-    check_tensor("k_cache", k_cache, ndim=(2, 3))
-    fp8 = k_cache.dtype == torch.uint8  # the FP8 indexer cache: D_I e4m3 bytes + a scale per key
-    if not fp8 and k_cache.dtype != q.dtype:
-        fail("k_cache", f"dtype {q.dtype} (as q) or uint8 (FP8 rows)", k_cache.dtype)
-    check_tensor("weights", weights, dtype=torch.float32, shape=(t, h_i))
-    check_same_device(q=q, k_cache=k_cache, weights=weights)
-    _check_layout(layout, t, k_cache, "k_cache")
-    if fp8:
-        _check_cache("k_cache", k_cache, layout, d_i + INDEX_SCALE_BYTES, torch.uint8)
-    else:
-        _check_cache("k_cache", k_cache, layout, d_i, q.dtype)
-
-
-def values_indexer_logits(q, k_cache, weights, layout) -> None:
-    layout.check(q.shape[0], k_cache, "k_cache")
-
-
-def values_indexer_topk(q, k_cache, weights, layout, topk) -> None:
-    layout.check(q.shape[0], k_cache, "k_cache")
-
-
 #: a top-k wider than its candidates only adds -1 / -inf padding (SPEC 9); past this width it is refused
 #: before anything is allocated (GLM-5's indexer asks for 2048, the cuda kernels serve up to 8192)
 MAX_PADDED_TOPK = 1 << 16
@@ -103,11 +78,6 @@ def check_topk_width(name: str, k: object, candidates: int, what: str) -> None:
     check_int(name, k, min_value=1)
     if k > max(candidates, MAX_PADDED_TOPK):
         fail(name, f"an int in [1, max({candidates}, {MAX_PADDED_TOPK})] (wider than {what} only pads)", k)
-
-
-def check_indexer_topk(q, k_cache, weights, layout, topk) -> None:
-    check_indexer_logits(q, k_cache, weights, layout)
-    check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
 
 
 def _check_pools(pools: MLAPools, layout: SeqLayout, d_qk: int, dtype) -> None:
@@ -143,13 +113,13 @@ def check_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, retu
     if pools:
         check_same_device(**{"q": q, "kv_cache.latent": kv_cache.latent, "kv_cache.rope": kv_cache.rope})
         check_same_device(q=q, indices=indices)
-        _check_layout(layout, t, kv_cache.latent, "kv_cache")
+        check_layout(layout, t, kv_cache.latent, "kv_cache")
         _check_pools(kv_cache, layout, d_qk, q.dtype)
     else:
         check_same_device(q=q, kv_cache=kv_cache, indices=indices)
-        _check_layout(layout, t, kv_cache, "kv_cache")
+        check_layout(layout, t, kv_cache, "kv_cache")
         width, dtype = (MLA_ROW_BYTES, torch.uint8) if fp8 else (d_qk, q.dtype)
-        _check_cache("kv_cache", kv_cache, layout, width, dtype)
+        check_cache("kv_cache", kv_cache, layout, width, dtype)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not (sm_scale == sm_scale):
         fail("sm_scale", "a finite float", sm_scale)
     if abs(float(sm_scale)) == float("inf"):

@@ -12,10 +12,10 @@ from backends.validation import (  # noqa: F401  (MLA_*: the FlashMLA row's widt
     MLA_D_QK,
     MLA_D_V,
     MLA_ROW_BYTES,
-    _check_cache,
-    _check_layout,
     _shape,
+    check_cache,
     check_heads,
+    check_layout,
     check_same_device,
     check_tensor,
     check_topk_width,
@@ -36,7 +36,7 @@ def check_out_dtype(out_dtype) -> None:
 
 
 def _check_fp8_keys(k_cache, k_scale, layout, d_i) -> None:
-    _check_cache("k_cache", k_cache, layout, d_i, E4M3)
+    check_cache("k_cache", k_cache, layout, d_i, E4M3)
     check_tensor("k_scale", k_scale, dtype=torch.float32, shape=tuple(k_cache.shape[:-1]))
 
 
@@ -47,7 +47,7 @@ def check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:
     check_tensor("k_cache", k_cache, dtype=E4M3, ndim=(2, 3))
     check_tensor("weights", weights, dtype=torch.float32, shape=(t, h_i))
     check_same_device(q=q, k_cache=k_cache, k_scale=k_scale, weights=weights)
-    _check_layout(layout, t, k_cache, "k_cache")
+    check_layout(layout, t, k_cache, "k_cache")
     _check_fp8_keys(k_cache, k_scale, layout, d_i)
 
 
@@ -80,8 +80,8 @@ def check_fp8_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, 
     if indices.shape[0] != t:
         fail("indices", f"shape [T={t}, topk]", f"shape {_shape(indices)}")
     check_same_device(q=q, kv_cache=kv_cache, indices=indices)
-    _check_layout(layout, t, kv_cache, "kv_cache")
-    _check_cache("kv_cache", kv_cache, layout, MLA_ROW_BYTES, torch.uint8)
+    check_layout(layout, t, kv_cache, "kv_cache")
+    check_cache("kv_cache", kv_cache, layout, MLA_ROW_BYTES, torch.uint8)
     if (
         isinstance(sm_scale, bool)
         or not isinstance(sm_scale, (int, float))

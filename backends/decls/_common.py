@@ -40,19 +40,6 @@ def max_keys(a: dict[str, Any]) -> int | None:
     return a["layout"].max_seqlen_k  # the host int the layout carries (None: unknown, not checked)
 
 
-INDEXER_QUANTITIES = {"index_heads": dim("q", 1), "index_head_dim": dim("q", 2), "keys": max_keys}
-
-
-def indexer_logits_fake(a: dict[str, Any]) -> torch.Tensor:
-    s = a["layout"].max_seqlen_k
-    s = torch.library.get_ctx().new_dynamic_size() if s is None else s
-    return a["q"].new_empty((a["q"].shape[0], s), dtype=torch.float32)
-
-
-def indexer_topk_fake(a: dict[str, Any]) -> torch.Tensor:
-    return a["q"].new_empty((a["q"].shape[0], a["topk"]), dtype=torch.int32)
-
-
 def attention_fake(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
     t, h, _ = a["q"].shape
     lse = a["q"].new_empty((t, h), dtype=torch.float32) if a["return_lse"] else None

@@ -21,25 +21,6 @@ def _f(g: torch.Generator, dtype: str, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=g).to(getattr(torch, dtype))
 
 
-def _indexer(op: str, q: str, v: int) -> Callable:
-    def build(g, dt):
-        h = v if q == "index_heads" else 2
-        d = v if q == "index_head_dim" else 16
-        topk = v if q == "topk" else 64
-        keys = v if q == "keys" else max(KEYS, topk + 5)
-        lay = SeqLayout.from_lengths([2], [keys], block_size=64)
-        nb = -(-keys // 64)
-        a = dict(
-            q=_f(g, dt, 2, h, d),
-            k_cache=_f(g, dt, nb, 64, d),
-            weights=torch.rand(2, h, generator=g),
-            layout=lay,
-        )
-        return a | ({"topk": topk} if op == "indexer_topk" else {})
-
-    return build
-
-
 def _attention(q: str, v: int) -> Callable:
     def build(g, dt):
         h = v if q == "heads" else 2
@@ -60,12 +41,13 @@ def _attention(q: str, v: int) -> Callable:
 
 def _fp8_indexer(op: str, q: str, v: int) -> Callable:
     """The float indexer case, quantized as DeepSeek-V3.2 does (e4m3 q and keys, one scale per key)."""
-    base = _indexer(op.removeprefix("fp8_"), q, v)
 
     def build(g, dt):
         from backends.reference.fp8_indexer_logits import quantize_indexer_inputs
+        from backends.reference.indexer_logits import sized
 
-        a = base(g, "float32")
+        topk = v if q == "topk" else 64
+        a = sized(g, "float32", q, v, topk) | ({"topk": topk} if op == "fp8_indexer_topk" else {})
         nb, bs, d = a["k_cache"].shape
         q8, k8, ks, w8 = quantize_indexer_inputs(a["q"], a["k_cache"].reshape(-1, d), a["weights"])
         return a | dict(q=q8, k_cache=k8.reshape(nb, bs, d), k_scale=ks.reshape(nb, bs), weights=w8)
@@ -104,10 +86,6 @@ Sized = Callable[[torch.Generator, str, str, int], dict[str, Any]]
 def _float(dt: str) -> str:
     """The float dtype a dtype-axis value builds its float tensors in (W8A8 / W4A8 / FP8: float32)."""
     return dt if dt in FLOATS else "float32"
-
-
-def indexer(op: str) -> Sized:
-    return lambda g, dt, q, v: _indexer(op, q, v)(g, _float(dt))
 
 
 def fp8_indexer(op: str) -> Sized:

@@ -8,8 +8,10 @@ from torch import Tensor
 from backends import validation_fp8 as v8
 from backends.decl import OpDecl
 from backends.decls import _sized
-from backends.decls._common import FP8, INDEXER_QUANTITIES, dtype_of, indexer_logits_fake, randn
+from backends.decls._common import FP8, dtype_of, randn
 from backends.layout import SeqLayout
+from backends.reference.indexer_logits import QUANTITIES as INDEXER_QUANTITIES
+from backends.reference.indexer_logits import fake as indexer_logits_fake
 
 
 def fp8_indexer_logits(

@@ -7,9 +7,11 @@ from torch import Tensor
 from backends import validation_fp8 as v8
 from backends.decl import OpDecl
 from backends.decls import _sized
-from backends.decls._common import FP8, INDEXER_QUANTITIES, dtype_of, indexer_topk_fake, scalar
+from backends.decls._common import FP8, dtype_of, scalar
 from backends.decls.fp8_indexer_logits import sample as logits_sample
 from backends.layout import SeqLayout
+from backends.reference.indexer_logits import QUANTITIES as INDEXER_QUANTITIES
+from backends.reference.indexer_topk import fake as indexer_topk_fake
 
 
 def fp8_indexer_topk(

@@ -23,9 +23,9 @@ import torch
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.decls._common import FLOATS, FP8
 from backends.intra_op import one_thread
 from backends.layout import SeqLayout
-from backends.ops import FLOATS, FP8
 from backends.reference._cache import causal_counts, keys_of_request
 from backends.reference.fp8_format import EPS_DEEPSEEK, cast_e4m3, group_scale, index_cache_views
 

@@ -10,8 +10,8 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.decls._common import FP8
 from backends.layout import SeqLayout
-from backends.ops import FP8
 from backends.reference._cache import causal_counts, keys_of_request
 from backends.reference.fp8_indexer_logits import fp8_score_block
 from backends.reference.topk import rule_order

@@ -18,7 +18,7 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
-from backends.ops import FLOATS
+from backends.decls._common import FLOATS
 from backends.reference.fp8_format import (
     BLOCK,
     E4M3_MAX,

@@ -17,8 +17,8 @@ import torch
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.decls._common import FLOATS
 from backends.layout import SeqLayout
-from backends.ops import FLOATS
 from backends.reference._cache import gather_rows
 from backends.reference.fp8_format import mla_dequantize_rows
 

@@ -3,6 +3,8 @@
     logits[t, j] = sum_h weights[t, h] * relu(dot(q[t, h], key_j))   causal j; else -inf
 
 fp32 accumulation whatever the input dtype; ReLU before the (possibly negative) head weights.
+This module is the op's declaration too (`DECL`: the function below is the signature; validators,
+fake, sized builder, sample).
 Differentiable in q, k_cache and weights: `backward` (the op's declared backward), with g the output
 gradient on causal keys, r = relu(dot(q[t, h], key_j)):
     dweights[t, h] = sum_j g[t, j] r,  dq[t, h] = sum_j g[t, j] w[t, h] [r > 0] key_j,
@@ -14,12 +16,15 @@ from __future__ import annotations
 import torch
 
 from backends import invariant
+from backends.argcheck import FLOAT_DTYPES, check_same_device, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
+from backends.decl import OpDecl
+from backends.decls._common import FLOATS, LONG_BLOCKS, dim, dtype_of, long_layout, max_keys, randn
 from backends.intra_op import one_thread
 from backends.layout import SeqLayout
-from backends.ops import FLOATS
 from backends.reference._cache import causal_counts, keys_at, keys_of_request
+from backends.validation import INDEX_SCALE_BYTES, check_cache, check_heads, check_layout
 
 # Bound the [tq, H_I, S] fp32 intermediate (elements).
 _BLOCK_ELEMS = 1 << 25
@@ -56,6 +61,8 @@ def score_block(
 def indexer_logits(
     q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, layout: SeqLayout
 ) -> torch.Tensor:
+    """q [T, H_I, D_I] float, k_cache ragged [rows, D_I] / paged [nb, bs, D_I], weights fp32 [T, H_I]
+    -> fp32 [T, max(seqlens_k)], -inf where not causal."""
     t, h_i, _ = q.shape  # q: [T, H_I, D_I]
     out = torch.full((t, layout.seqlen_k_max()), float("-inf"), dtype=torch.float32)
     for b, (q0, q1, s) in enumerate(layout.request_bounds()):
@@ -100,6 +107,78 @@ def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Ten
     return dq.to(q.dtype), dflat.view(k_cache.shape).to(k_cache.dtype), dw.to(weights.dtype)
 
 
+def check(q, k_cache, weights, layout) -> None:
+    check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
+    t, h_i, d_i = q.shape
+    check_heads(q)
+    check_tensor("k_cache", k_cache, ndim=(2, 3))
+    fp8 = k_cache.dtype == torch.uint8  # the FP8 indexer cache: D_I e4m3 bytes + a scale per key
+    if not fp8 and k_cache.dtype != q.dtype:
+        fail("k_cache", f"dtype {q.dtype} (as q) or uint8 (FP8 rows)", k_cache.dtype)
+    check_tensor("weights", weights, dtype=torch.float32, shape=(t, h_i))
+    check_same_device(q=q, k_cache=k_cache, weights=weights)
+    check_layout(layout, t, k_cache, "k_cache")
+    if fp8:
+        check_cache("k_cache", k_cache, layout, d_i + INDEX_SCALE_BYTES, torch.uint8)
+    else:
+        check_cache("k_cache", k_cache, layout, d_i, q.dtype)
+
+
+def values(q, k_cache, weights, layout) -> None:
+    layout.check(q.shape[0], k_cache, "k_cache")
+
+
+def fake(a: dict) -> torch.Tensor:
+    s = a["layout"].max_seqlen_k
+    s = torch.library.get_ctx().new_dynamic_size() if s is None else s
+    return a["q"].new_empty((a["q"].shape[0], s), dtype=torch.float32)
+
+
+def sample(g: torch.Generator, dt: str, grad: bool) -> dict:
+    return dict(
+        q=randn(g, 4, 2, 16, dtype=dt, grad=grad),
+        k_cache=randn(g, LONG_BLOCKS, 64, 16, dtype=dt, grad=grad),
+        weights=randn(g, 4, 2, grad=grad),
+        layout=long_layout(),
+    )
+
+
+KEYS = 2100  # > 2048: below it sparse selection equals dense and hides bugs
+
+
+def sized(g: torch.Generator, dt: str, quantity: str, v: int, topk: int = 64) -> dict:
+    """Arguments with `quantity` (a key of QUANTITIES) at v, keys more than topk (the indexer top-k's too)."""
+    dt = dt if dt in FLOATS else "float32"
+    h = v if quantity == "index_heads" else 2
+    d = v if quantity == "index_head_dim" else 16
+    keys = v if quantity == "keys" else max(KEYS, topk + 5)
+    nb = -(-keys // 64)
+    return dict(
+        q=randn(g, 2, h, d, dtype=dt),
+        k_cache=randn(g, nb, 64, d, dtype=dt),
+        weights=torch.rand(2, h, generator=g),
+        layout=SeqLayout.from_lengths([2], [keys], block_size=64),
+    )
+
+
+QUANTITIES = {"index_heads": dim("q", 1), "index_head_dim": dim("q", 2), "keys": max_keys}
+
+DECL = OpDecl(
+    name="indexer_logits",
+    spec_section="2.1",
+    signature=indexer_logits,
+    dtype_axis=FLOATS,
+    dtype_of=dtype_of("q"),
+    validate=check,
+    values=values,
+    fake=fake,
+    sample=sample,
+    sized=sized,
+    sharding="replicated",
+    cache_arg="k_cache",
+    grad_args=("q", "k_cache", "weights"),
+    quantities=QUANTITIES,
+)
 IMPL = OpImpl(
     indexer_logits,
     OpCaps(FLOATS, ("ragged", "paged"), differentiable=True, layout_invariant=True),

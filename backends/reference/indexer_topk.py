@@ -3,7 +3,8 @@ deterministic order of SPEC 2.3, -1 past the causal keys.
 
 Scored in key chunks and merged into a running top-k, so peak extra memory is
 O(tq * (topk + chunk) + tq * H_I * chunk) per query block, never the [T, S] logits.
-`indexer_topk_naive` is the one-line definition; tests check the two agree.
+`indexer_topk_naive` is the one-line definition; tests check the two agree. This module is the op's
+declaration too (`DECL`: the function below is the signature; validators, fake, sized builder, sample).
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ import torch
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl, by_kind
 from backends.counters import reference_op
+from backends.decl import OpDecl
+from backends.decls._common import FLOATS, dtype_of, scalar
 from backends.layout import SeqLayout
-from backends.ops import FLOATS
+from backends.reference import indexer_logits as logits
 from backends.reference._cache import causal_counts, keys_of_request
 from backends.reference.fp8_indexer_logits import on_fp8_index_cache
 from backends.reference.fp8_indexer_topk import IMPL as FP8_TOPK
 from backends.reference.indexer_logits import indexer_logits, score_block
 from backends.reference.topk import rule_order
 from backends.reference.topk import topk as rule_topk
+from backends.validation import check_topk_width
 
 QUERY_BLOCK = 128
 KEY_CHUNK = 2048
@@ -40,6 +44,7 @@ def indexer_topk_naive(q, k_cache, weights, layout: SeqLayout, topk: int) -> tor
 def indexer_topk(
     q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, layout: SeqLayout, topk: int
 ) -> torch.Tensor:
+    """Inputs as indexer_logits -> int32 [T, topk] logical positions, -1 past the causal keys."""
     t = q.shape[0]  # q: [T, H_I, D_I]
     out = torch.full((t, topk), -1, dtype=torch.int32)
     for b, (q0, q1, s) in enumerate(layout.request_bounds()):
@@ -71,6 +76,43 @@ def _block_topk(q, keys, weights, visible, topk) -> torch.Tensor:
     return torch.nn.functional.pad(res, (0, topk - res.shape[1]), value=-1)
 
 
+def check(q, k_cache, weights, layout, topk) -> None:
+    logits.check(q, k_cache, weights, layout)
+    check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
+
+
+def values(q, k_cache, weights, layout, topk) -> None:
+    logits.values(q, k_cache, weights, layout)
+
+
+def fake(a: dict) -> torch.Tensor:
+    return a["q"].new_empty((a["q"].shape[0], a["topk"]), dtype=torch.int32)
+
+
+def sample(g: torch.Generator, dt: str, grad: bool) -> dict:
+    return logits.sample(g, dt, False) | {"topk": 64}  # 2100 keys > topk
+
+
+def sized(g: torch.Generator, dt: str, quantity: str, v: int) -> dict:
+    topk = v if quantity == "topk" else 64
+    return logits.sized(g, dt, quantity, v, topk) | {"topk": topk}
+
+
+DECL = OpDecl(
+    name="indexer_topk",
+    spec_section="2.2",
+    signature=indexer_topk,
+    dtype_axis=FLOATS,
+    dtype_of=dtype_of("q"),
+    validate=check,
+    values=values,
+    fake=fake,
+    sample=sample,
+    sized=sized,
+    sharding="replicated",
+    cache_arg="k_cache",
+    quantities={**logits.QUANTITIES, "topk": scalar("topk")},
+)
 IMPL = by_kind(
     OpImpl(indexer_topk, OpCaps(FLOATS, ("ragged", "paged"), tie_rule="lower_index", layout_invariant=True)),
     dict.fromkeys(FP8_KINDS, on_fp8_index_cache(FP8_TOPK)),  # the FP8 indexer cache (SPEC 7.8)

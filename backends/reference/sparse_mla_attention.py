@@ -20,8 +20,8 @@ from backends import invariant
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl, by_kind
 from backends.counters import reference_op
+from backends.decls._common import FLOATS
 from backends.layout import SeqLayout
-from backends.ops import FLOATS
 from backends.reference._cache import gather_rows, keys_at
 from backends.reference.fp8_sparse_mla_attention import IMPL as FP8_ATTENTION
 
