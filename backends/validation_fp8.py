@@ -35,35 +35,6 @@ def check_out_dtype(out_dtype) -> None:
         fail("out_dtype", "one of torch.float32, torch.float16, torch.bfloat16", out_dtype)
 
 
-def _check_fp8_keys(k_cache, k_scale, layout, d_i) -> None:
-    check_cache("k_cache", k_cache, layout, d_i, E4M3)
-    check_tensor("k_scale", k_scale, dtype=torch.float32, shape=tuple(k_cache.shape[:-1]))
-
-
-def check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:
-    check_tensor("q", q, dtype=E4M3, ndim=3)
-    t, h_i, d_i = q.shape
-    check_heads(q)
-    check_tensor("k_cache", k_cache, dtype=E4M3, ndim=(2, 3))
-    check_tensor("weights", weights, dtype=torch.float32, shape=(t, h_i))
-    check_same_device(q=q, k_cache=k_cache, k_scale=k_scale, weights=weights)
-    check_layout(layout, t, k_cache, "k_cache")
-    _check_fp8_keys(k_cache, k_scale, layout, d_i)
-
-
-def check_fp8_indexer_topk(q, k_cache, k_scale, weights, layout, topk) -> None:
-    check_fp8_indexer_logits(q, k_cache, k_scale, weights, layout)
-    check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
-
-
-def values_fp8_indexer_logits(q, k_cache, k_scale, weights, layout) -> None:
-    layout.check(q.shape[0], k_cache, "k_cache")
-
-
-def values_fp8_indexer_topk(q, k_cache, k_scale, weights, layout, topk) -> None:
-    layout.check(q.shape[0], k_cache, "k_cache")
-
-
 def check_fp8_mla_cache_quant(kv) -> None:
     check_tensor("kv", kv, dtype=FLOAT_DTYPES, ndim=2)
     if kv.shape[1] != MLA_D_QK:

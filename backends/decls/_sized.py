@@ -39,22 +39,6 @@ def _attention(q: str, v: int) -> Callable:
     return build
 
 
-def _fp8_indexer(op: str, q: str, v: int) -> Callable:
-    """The float indexer case, quantized as DeepSeek-V3.2 does (e4m3 q and keys, one scale per key)."""
-
-    def build(g, dt):
-        from backends.reference.fp8_indexer_logits import quantize_indexer_inputs
-        from backends.reference.indexer_logits import sized
-
-        topk = v if q == "topk" else 64
-        a = sized(g, "float32", q, v, topk) | ({"topk": topk} if op == "fp8_indexer_topk" else {})
-        nb, bs, d = a["k_cache"].shape
-        q8, k8, ks, w8 = quantize_indexer_inputs(a["q"], a["k_cache"].reshape(-1, d), a["weights"])
-        return a | dict(q=q8, k_cache=k8.reshape(nb, bs, d), k_scale=ks.reshape(nb, bs), weights=w8)
-
-    return build
-
-
 def _fp8_attention(q: str, v: int) -> Callable:
     """The 656-byte cache fixes d_qk 576 and d_v 512: heads and topk are what vary."""
 
@@ -86,10 +70,6 @@ Sized = Callable[[torch.Generator, str, str, int], dict[str, Any]]
 def _float(dt: str) -> str:
     """The float dtype a dtype-axis value builds its float tensors in (W8A8 / W4A8 / FP8: float32)."""
     return dt if dt in FLOATS else "float32"
-
-
-def fp8_indexer(op: str) -> Sized:
-    return lambda g, dt, q, v: _fp8_indexer(op, q, v)(g, _float(dt))
 
 
 def attention(g: torch.Generator, dt: str, q: str, v: int) -> dict[str, Any]:

@@ -12,6 +12,8 @@ exact there) and rounds once to fp32. ReLU acts on the raw fp8 dot product, befo
 negative) head weights. The key scale multiplies the head sum, as DeepSeek's `fp8_index` and DeepGEMM's
 SM90 kernel do; since k_scale > 0 this equals the relu(q . (k * k_scale)) * w form of DeepGEMM's test.
 `quantize_indexer_inputs` is how a model produces these inputs from bf16 q, k and head weights.
+This module is the op's declaration too (`DECL`: the function below is the signature; validators, fake,
+sized builder, sample).
 """
 
 from __future__ import annotations
@@ -20,14 +22,18 @@ from dataclasses import replace
 
 import torch
 
+from backends.argcheck import check_same_device, check_tensor
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
-from backends.decls._common import FLOATS, FP8
+from backends.decl import OpDecl
+from backends.decls._common import E4M3, FLOATS, FP8, dtype_of, randn
 from backends.intra_op import one_thread
 from backends.layout import SeqLayout
+from backends.reference import indexer_logits as float_op
 from backends.reference._cache import causal_counts, keys_of_request
 from backends.reference.fp8_format import EPS_DEEPSEEK, cast_e4m3, group_scale, index_cache_views
+from backends.validation import check_cache, check_heads, check_layout
 
 _BLOCK_ELEMS = 1 << 24
 
@@ -44,6 +50,8 @@ def fp8_score_block(q: torch.Tensor, keys: torch.Tensor, k_scale: torch.Tensor, 
 def fp8_indexer_logits(
     q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, layout: SeqLayout
 ) -> torch.Tensor:
+    """q e4m3 [T, H_I, D_I], k_cache e4m3 ragged [rows, D_I] / paged [nb, bs, D_I], k_scale fp32 [rows] /
+    [nb, bs], weights fp32 [T, H_I] (q scale folded in) -> fp32 [T, max(seqlens_k)]."""
     t, h_i, _ = q.shape
     out = torch.full((t, layout.seqlen_k_max()), float("-inf"), dtype=torch.float32)
     scales = k_scale.unsqueeze(-1)  # read through the same layout as the keys
@@ -96,4 +104,51 @@ def on_fp8_index_cache(fp8: OpImpl) -> OpImpl:
     return OpImpl(fn, replace(fp8.caps, dtypes=FLOATS, layouts=FP8_KINDS))
 
 
+def check(q, k_cache, k_scale, weights, layout) -> None:
+    check_tensor("q", q, dtype=E4M3, ndim=3)
+    t, h_i, d_i = q.shape
+    check_heads(q)
+    check_tensor("k_cache", k_cache, dtype=E4M3, ndim=(2, 3))
+    check_tensor("weights", weights, dtype=torch.float32, shape=(t, h_i))
+    check_same_device(q=q, k_cache=k_cache, k_scale=k_scale, weights=weights)
+    check_layout(layout, t, k_cache, "k_cache")
+    check_cache("k_cache", k_cache, layout, d_i, E4M3)
+    check_tensor("k_scale", k_scale, dtype=torch.float32, shape=tuple(k_cache.shape[:-1]))
+
+
+def values(q, k_cache, k_scale, weights, layout) -> None:
+    layout.check(q.shape[0], k_cache, "k_cache")
+
+
+def sample(g: torch.Generator, dt: str, grad: bool) -> dict:
+    q8, k8, ks, w8 = quantize_indexer_inputs(randn(g, 2, 2, 32), randn(g, 5, 32), randn(g, 2, 2))
+    return dict(q=q8, k_cache=k8, k_scale=ks, weights=w8, layout=SeqLayout.from_lengths([2], [5]))
+
+
+def sized(g: torch.Generator, dt: str, quantity: str, v: int, topk: int = 64) -> dict:
+    """The float indexer's case (indexer_logits.sized), quantized as DeepSeek-V3.2 does (e4m3 q and keys,
+    one scale per key)."""
+    a = float_op.sized(g, "float32", quantity, v, topk)
+    nb, bs, d = a["k_cache"].shape
+    q8, k8, ks, w8 = quantize_indexer_inputs(a["q"], a["k_cache"].reshape(-1, d), a["weights"])
+    return a | dict(q=q8, k_cache=k8.reshape(nb, bs, d), k_scale=ks.reshape(nb, bs), weights=w8)
+
+
+QUANTITIES = float_op.QUANTITIES
+
+DECL = OpDecl(
+    name="fp8_indexer_logits",
+    spec_section="7.4",
+    signature=fp8_indexer_logits,
+    dtype_axis=FP8,
+    dtype_of=dtype_of("q"),
+    validate=check,
+    values=values,
+    fake=float_op.fake,
+    sample=sample,
+    sized=sized,
+    sharding="replicated",
+    cache_arg="k_cache",
+    quantities=QUANTITIES,
+)
 IMPL = OpImpl(fp8_indexer_logits, OpCaps(FP8, ("ragged", "paged")))

@@ -1,7 +1,9 @@
 """FP8 indexer top-k (SPEC 7.5): the `topk` causal positions with the largest `fp8_indexer_logits`, in
 the deterministic order of SPEC 2.3 (value desc, lower index first), -1 past the causal keys.
 
-Scored per block of queries, so peak memory is O(QUERY_BLOCK * S_b), never the [T, S] logits.
+Scored per block of queries, so peak memory is O(QUERY_BLOCK * S_b), never the [T, S] logits. This
+module is the op's declaration too (`DECL`: the function below is the signature; validators, fake, sized
+builder, sample).
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
-from backends.decls._common import FP8
+from backends.decl import OpDecl
+from backends.decls._common import FP8, dtype_of, scalar
 from backends.layout import SeqLayout
+from backends.reference import fp8_indexer_logits as logits
 from backends.reference._cache import causal_counts, keys_of_request
 from backends.reference.fp8_indexer_logits import fp8_score_block
 from backends.reference.topk import rule_order
+from backends.validation import check_topk_width
 
 QUERY_BLOCK = 64
 
@@ -29,6 +34,7 @@ def fp8_indexer_topk(
     layout: SeqLayout,
     topk: int,
 ) -> torch.Tensor:
+    """Inputs as fp8_indexer_logits -> int32 [T, topk], rule order, -1 padded."""
     out = torch.full((q.shape[0], topk), -1, dtype=torch.int32)
     scales = k_scale.unsqueeze(-1)
     for b, (q0, q1, s) in enumerate(layout.request_bounds()):
@@ -47,4 +53,37 @@ def fp8_indexer_topk(
     return out
 
 
+def check(q, k_cache, k_scale, weights, layout, topk) -> None:
+    logits.check(q, k_cache, k_scale, weights, layout)
+    check_topk_width("topk", topk, k_cache.shape[:-1].numel(), "the cache's keys")
+
+
+def values(q, k_cache, k_scale, weights, layout, topk) -> None:
+    logits.values(q, k_cache, k_scale, weights, layout)
+
+
+def fake(a: dict) -> torch.Tensor:
+    return a["q"].new_empty((a["q"].shape[0], a["topk"]), dtype=torch.int32)
+
+
+def sized(g: torch.Generator, dt: str, quantity: str, v: int) -> dict:
+    topk = v if quantity == "topk" else 64
+    return logits.sized(g, dt, quantity, v, topk) | {"topk": topk}
+
+
+DECL = OpDecl(
+    name="fp8_indexer_topk",
+    spec_section="7.5",
+    signature=fp8_indexer_topk,
+    dtype_axis=FP8,
+    dtype_of=dtype_of("q"),
+    validate=check,
+    values=values,
+    fake=fake,
+    sample=lambda g, dt, grad: logits.sample(g, dt, grad) | {"topk": 3},
+    sized=sized,
+    sharding="replicated",
+    cache_arg="k_cache",
+    quantities={**logits.QUANTITIES, "topk": scalar("topk")},
+)
 IMPL = OpImpl(fp8_indexer_topk, OpCaps(FP8, ("ragged", "paged"), tie_rule="lower_index"))
