@@ -28,7 +28,6 @@ from backends.argcheck import (  # noqa: F401  (re-exported: the validators' sha
     check_tensor,
     fail,
 )
-from backends.cache_layout import MLAPools
 from backends.layout import SeqLayout
 
 
@@ -78,63 +77,6 @@ def check_topk_width(name: str, k: object, candidates: int, what: str) -> None:
     check_int(name, k, min_value=1)
     if k > max(candidates, MAX_PADDED_TOPK):
         fail(name, f"an int in [1, max({candidates}, {MAX_PADDED_TOPK})] (wider than {what} only pads)", k)
-
-
-def _check_pools(pools: MLAPools, layout: SeqLayout, d_qk: int, dtype) -> None:
-    """A split-pool latent cache (SPEC 2.4): latent [nb, bs, 1, c] and rope [nb, bs, 1, r], c + r = d_qk."""
-    if layout.kind != "paged":
-        fail("kv_cache", "one tensor [rows, D] for a ragged layout (split pools are paged)", "split pools")
-    lat, rope = pools.latent, pools.rope
-    check_tensor("kv_cache.latent", lat, dtype=dtype, ndim=4)
-    check_tensor("kv_cache.rope", rope, dtype=dtype, ndim=4)
-    nb, bs = lat.shape[:2]
-    if lat.shape[2] != 1:
-        fail("kv_cache.latent", "shape [num_blocks, block_size, 1, c] (one KV head)", f"shape {_shape(lat)}")
-    if tuple(rope.shape[:3]) != (nb, bs, 1):
-        fail("kv_cache.rope", f"shape [{nb}, {bs}, 1, r] (blocks as the latent)", f"shape {_shape(rope)}")
-    if lat.shape[-1] + rope.shape[-1] != d_qk:
-        fail("kv_cache", f"pool widths c + r == d_qk ({d_qk})", f"{lat.shape[-1]} + {rope.shape[-1]}")
-
-
-def check_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse=True) -> None:
-    check_tensor("q", q, dtype=FLOAT_DTYPES, ndim=3)
-    t, _, d_qk = q.shape
-    pools = isinstance(kv_cache, MLAPools)
-    fp8 = not pools and isinstance(kv_cache, torch.Tensor) and kv_cache.dtype == torch.uint8
-    if not pools:
-        check_tensor("kv_cache", kv_cache, ndim=(2, 3))
-        if not fp8 and kv_cache.dtype != q.dtype:
-            fail("kv_cache", f"dtype {q.dtype} (as q) or uint8 (FP8 rows)", kv_cache.dtype)
-    if fp8 and d_qk != MLA_D_QK:  # FlashMLA's 656-byte rows hold 512 latent + 64 RoPE
-        fail("q", f"shape [T, H, {MLA_D_QK}] (a kv_cache of FP8 rows)", f"shape {_shape(q)}")
-    check_tensor("indices", indices, dtype=torch.int32, ndim=2)
-    if indices.shape[0] != t:
-        fail("indices", f"shape [T={t}, topk]", f"shape {_shape(indices)}")
-    if pools:
-        check_same_device(**{"q": q, "kv_cache.latent": kv_cache.latent, "kv_cache.rope": kv_cache.rope})
-        check_same_device(q=q, indices=indices)
-        check_layout(layout, t, kv_cache.latent, "kv_cache")
-        _check_pools(kv_cache, layout, d_qk, q.dtype)
-    else:
-        check_same_device(q=q, kv_cache=kv_cache, indices=indices)
-        check_layout(layout, t, kv_cache, "kv_cache")
-        width, dtype = (MLA_ROW_BYTES, torch.uint8) if fp8 else (d_qk, q.dtype)
-        check_cache("kv_cache", kv_cache, layout, width, dtype)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not (sm_scale == sm_scale):
-        fail("sm_scale", "a finite float", sm_scale)
-    if abs(float(sm_scale)) == float("inf"):
-        fail("sm_scale", "a finite float", sm_scale)
-    check_int("d_v", d_v, min_value=1)
-    if d_v > d_qk:
-        fail("d_v", f"<= d_qk ({d_qk})", d_v)
-    if fp8 and d_v != MLA_D_V:
-        fail("d_v", f"{MLA_D_V} (the latent width of a kv_cache of FP8 rows)", d_v)
-    if not isinstance(return_lse, bool):
-        fail("return_lse", "a bool", type(return_lse).__name__)
-
-
-def values_sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse=True) -> None:
-    layout.check(q.shape[0], kv_cache, "kv_cache")
 
 
 def check_epilogue(m: int, n: int, x_scale, w_scale_shape, w_scale, bias, out_dtype, **devs) -> None:

@@ -10,15 +10,19 @@ kv float [N, 576] (the 512-wide latent c_kv, then the 64 RoPE values k_pe) -> ui
 Writing into a cache is indexing: `write_rows(cache, slots, rows)` (slots = physical rows).
 vLLM's `concat_and_cache_ds_mla` writes this layout with other scales, max(amax_i / 448, FLT_MIN) (no
 power of two, no 1e-4 floor), so its bytes differ from these; reading agrees (SPEC 7.7, 7.8).
+This module is the op's declaration too (`DECL`: the function below is the signature; validator, fake,
+sample).
 """
 
 from __future__ import annotations
 
 import torch
 
+from backends.argcheck import FLOAT_DTYPES, _shape, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
-from backends.decls._common import FLOATS
+from backends.decl import OpDecl
+from backends.decls._common import FLOATS, dtype_of, randn
 from backends.reference.fp8_format import (
     BLOCK,
     E4M3_MAX,
@@ -34,6 +38,7 @@ from backends.reference.fp8_format import (
 
 @reference_op("fp8_mla_cache_quant")
 def fp8_mla_cache_quant(kv: torch.Tensor) -> torch.Tensor:
+    """kv [N, 576] float -> uint8 [N, 656]."""
     n = kv.shape[0]  # kv: [N, 576]
     lat = kv[:, :MLA_LATENT].float()
     amax = lat.reshape(n, MLA_TILES, BLOCK).abs().amax(dim=-1)  # [N, 4]
@@ -53,4 +58,21 @@ def write_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> 
     cache.view(-1, MLA_ROW_BYTES)[slots.to(torch.int64)] = rows.to(cache.device)
 
 
+def check(kv) -> None:
+    check_tensor("kv", kv, dtype=FLOAT_DTYPES, ndim=2)
+    if kv.shape[1] != MLA_LATENT + MLA_ROPE:
+        fail("kv", f"shape [N, {MLA_LATENT + MLA_ROPE}] (512 latent + 64 RoPE)", f"shape {_shape(kv)}")
+
+
+DECL = OpDecl(
+    name="fp8_mla_cache_quant",
+    spec_section="7.6",
+    signature=fp8_mla_cache_quant,
+    dtype_axis=FLOATS,
+    dtype_of=dtype_of("kv"),
+    validate=check,
+    fake=lambda a: a["kv"].new_empty((a["kv"].shape[0], MLA_ROW_BYTES), dtype=torch.uint8),
+    sample=lambda g, dt, grad: dict(kv=randn(g, 3, 576, dtype=dt)),
+    sharding="unsplit",
+)
 IMPL = OpImpl(fp8_mla_cache_quant, OpCaps(FLOATS))
