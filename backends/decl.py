@@ -1,8 +1,8 @@
 """One declaration per op (`OpDecl`, in the spirit of vLLM IR's `register_op` and PyTorch's `OpInfo`).
 
 Each op of the contract is declared once, in its reference module `backends/reference/<op>.py` (`DECL`;
-the reference function is the signature; the attention and indexer families' declarations are still in
-`backends/decls/<op>.py`, same file name): its typed signature, its fake (output shapes and dtypes),
+the reference function is the signature; what several declarations share: `backends/reference/_common.py`;
+the validators' vocabulary: `backends/argcheck.py`): its typed signature, its fake (output shapes and dtypes),
 which arguments gradients flow to, its dtype axis, validators, limit quantities, a small sample-input
 generator, how it sees a sharded model (SPEC 11) and its spec section. Everything else is derived from
 that table:

@@ -2,7 +2,7 @@
 
 `Backend` does what every backend shares, in two halves:
 - the front door (the op methods, each calling its door `self._doors[op]`, built once per op by
-  backends/door.py): validate shapes, dtypes and devices (`backends.validation`, no host reads),
+  backends/door.py): validate shapes, dtypes and devices (each declaration's `validate`, no host reads),
   value-check a layout once per `SeqLayout` object (every value check on every call only under
   GLM5_VALIDATE=values), check the declared capabilities and raise `NotSupported` with every reason,
   then call the implementation (plain eager) or the op's torch custom op `torch.ops.glm5.<op>`

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from backends.argcheck import check_int, check_tensor, fail
+from backends.argcheck import _shape, check_int, check_tensor, fail
 
 #: serialises the first host copy of any layout (rare and short; a per-object lock would make every
 #: layout built inside a compiled region allocate a lock, which dynamo cannot trace)
@@ -249,3 +249,27 @@ def _cumsum(xs: list[int]):
     for x in xs:
         s += x
         yield s
+
+
+# -- an op's cache argument against its layout (the ops' validators, backends/reference/<op>.py) --------
+
+
+def check_cache(name: str, cache: torch.Tensor, layout: SeqLayout, width: int, dtype) -> None:
+    if layout.kind == "ragged" and cache.dim() != 2:
+        fail(name, "a ragged cache [rows, D] (the layout has cu_seqlens_k)", f"shape {_shape(cache)}")
+    if layout.kind == "paged" and cache.dim() != 3:
+        fail(
+            name,
+            "a paged cache [num_blocks, block_size, D] (the layout has block_table)",
+            f"shape {_shape(cache)}",
+        )
+    check_tensor(name, cache, dtype=dtype)
+    if cache.shape[-1] != width:
+        fail(name, f"last dim {width}", f"shape {_shape(cache)}")
+
+
+def check_layout(layout: object, num_tokens: int, cache: torch.Tensor, cache_name: str) -> None:
+    if not isinstance(layout, SeqLayout):
+        fail("layout", "a backends.SeqLayout", type(layout).__name__)
+    if layout.device != cache.device:
+        fail("layout", f"device {cache.device} (as {cache_name})", layout.device)

@@ -7,7 +7,7 @@ backend instance named by the op's last argument (`Backend.key`), so one registr
 backend, built-in or plugin.
 
 Every op, its fake, its autograd and its `<op>_backward` op are generated from the op's declaration
-(backends/reference/<op>.py, or backends/decls/<op>.py for the ops not moved yet, by backends/decl_torch.py).
+(backends/reference/<op>.py, by backends/decl_torch.py).
 Every cache kind takes the same op: one tensor (float rows, or FP8 rows whose kind picks the backend's FP8
 kernel); split pools, an inference cache of two tensors, never reach a custom op (backends/door.py: the
 implementation serves them directly).
@@ -20,22 +20,22 @@ from __future__ import annotations
 from typing import Any
 
 from backends.decl_torch import register
-from backends.decls import DECLS
+from backends.ops import OPS
 
 #: op name -> the custom op (torch.ops.glm5.<op>)
-CUSTOM_OPS = {name: register(d) for name, d in DECLS.items()}
+CUSTOM_OPS = {name: register(d) for name, d in OPS.items()}
 
 
 def custom_op_args(op: str, args: dict[str, Any], key: str) -> tuple:
     """The custom op's positional arguments for the interface's named ones, by declared name (the layout
     flattened in place: its four tensors and max_seqlen_k), the backend key last."""
-    return (*DECLS[op].flatten(args), key)
+    return (*OPS[op].flatten(args), key)
 
 
 def named_args(op: str, flat: tuple) -> dict[str, Any]:
     """The interface's named arguments of a call of op's custom op (its positional arguments, the backend
     key last): what a counting mode reads (glm5/deploy/counting.py). Tensors may be fake."""
-    return DECLS[op].unflatten(tuple(flat[:-1]), fake=True)
+    return OPS[op].unflatten(tuple(flat[:-1]), fake=True)
 
 
 def call(key: str, op: str, args: dict[str, Any]) -> Any:
@@ -46,4 +46,4 @@ def call(key: str, op: str, args: dict[str, Any]) -> Any:
 def as_asked(op: str, args: dict[str, Any], out: Any) -> Any:
     """The custom op's result as the interface returns it for `args` (the declaration's `returns`:
     sparse attention's lse is None unless return_lse; linear cross-entropy's loss alone)."""
-    return DECLS[op].as_asked(args, out)
+    return OPS[op].as_asked(args, out)

@@ -29,8 +29,7 @@ MACHINERY = [
         "library_moe",
         "custom_op",
         "limits",
-        "validation",
-        "validation_fp8",
+        "argcheck",
         "table",
         "decl",
         "decl_torch",
@@ -46,8 +45,7 @@ ELSEWHERE = [
 
 
 def _files() -> list[Path]:
-    decls = sorted((ROOT / "backends/decls").glob("*.py")) if (ROOT / "backends/decls").is_dir() else []
-    return [ROOT / f for f in MACHINERY + ELSEWHERE if (ROOT / f).exists()] + decls
+    return [ROOT / f for f in MACHINERY + ELSEWHERE if (ROOT / f).exists()]
 
 
 def _ops() -> list[str]:
@@ -123,8 +121,7 @@ def main() -> None:
     n = 1 if a.op else len(ops)
     print(f"mean per op: places {total_places / n:.1f}, lines {total_lines / n:.0f}")
     machinery = sum(len((ROOT / f).read_text().splitlines()) for f in MACHINERY if (ROOT / f).exists())
-    decls = sum(len(p.read_text().splitlines()) for p in (ROOT / "backends/decls").glob("*.py"))
-    print(f"contract machinery: {machinery} lines (+ {decls} in backends/decls/)")
+    print(f"contract machinery: {machinery} lines")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ PUBLIC_BACKENDS = {
     "backends.registry",
     "backends.shadow",
     "backends.table",
-    "backends.validation",
 }
 #: (importer prefix, imported prefix, why) edges allowed past the rules
 EXCEPTIONS = [

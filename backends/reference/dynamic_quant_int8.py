@@ -13,7 +13,7 @@ from backends.argcheck import FLOAT_DTYPES, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import FLOATS, dim, dtype_of, randn
+from backends.reference._common import FLOATS, dim, dtype_of, randn
 
 
 @reference_op("dynamic_quant_int8")

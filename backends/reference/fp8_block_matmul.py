@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from backends.argcheck import FLOAT_DTYPES, check_same_device, check_tensor, fail
+from backends.argcheck import FLOAT_DTYPES, check_out_dtype, check_same_device, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import E4M3, FLOATS, TDTYPE, dtype_of, randn, rows_by_cols
+from backends.reference._common import E4M3, FLOATS, TDTYPE, dtype_of, randn, rows_by_cols
 from backends.reference.fp8_format import BLOCK, cdiv, quantize_weight_blocks
-from backends.validation_fp8 import check_out_dtype
 
 
 def block_dots(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:

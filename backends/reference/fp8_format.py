@@ -24,6 +24,7 @@ MLA_LATENT = 512
 MLA_ROPE = 64
 MLA_TILES = MLA_LATENT // BLOCK
 MLA_ROW_BYTES = MLA_LATENT + 4 * MLA_TILES + 2 * MLA_ROPE  # 656
+MLA_D_QK, MLA_D_V = MLA_LATENT + MLA_ROPE, MLA_LATENT  # q [T, H, 576], out [T, H, 512]
 MLA_SCALE_FLOOR = 1e-4  # FlashMLA tests/quant.py: 2^ceil(log2(max(amax / 448, 1e-4)))
 
 

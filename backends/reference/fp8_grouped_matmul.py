@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from backends.argcheck import check_same_device, check_tensor, fail
+from backends.argcheck import cdiv, check_out_dtype, check_same_device, check_tensor, fail, unchecked_offsets
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import E4M3, FLOATS, TDTYPE, dtype_of, randn, rows_by_cols
+from backends.reference._common import E4M3, FLOATS, TDTYPE, dtype_of, randn, rows_by_cols
 from backends.reference.fp8_block_matmul import BLOCK, block_dots, promote, quantized_rows
 from backends.reference.fp8_format import quantize_weight_blocks
-from backends.validation import unchecked_offsets
-from backends.validation_fp8 import cdiv, check_out_dtype
 
 
 @reference_op("fp8_grouped_matmul")

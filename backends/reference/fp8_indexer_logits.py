@@ -22,18 +22,17 @@ from dataclasses import replace
 
 import torch
 
-from backends.argcheck import check_same_device, check_tensor
+from backends.argcheck import check_heads, check_same_device, check_tensor
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import E4M3, FLOATS, FP8, dtype_of, randn
 from backends.intra_op import one_thread
-from backends.layout import SeqLayout
+from backends.layout import SeqLayout, check_cache, check_layout
 from backends.reference import indexer_logits as float_op
 from backends.reference._cache import causal_counts, keys_of_request
+from backends.reference._common import E4M3, FLOATS, FP8, dtype_of, randn
 from backends.reference.fp8_format import EPS_DEEPSEEK, cast_e4m3, group_scale, index_cache_views
-from backends.validation import check_cache, check_heads, check_layout
 
 _BLOCK_ELEMS = 1 << 24
 

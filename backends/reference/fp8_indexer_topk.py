@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import torch
 
+from backends.argcheck import check_topk_width
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import FP8, dtype_of, scalar
 from backends.layout import SeqLayout
 from backends.reference import fp8_indexer_logits as logits
 from backends.reference._cache import causal_counts, keys_of_request
+from backends.reference._common import FP8, dtype_of, scalar
 from backends.reference.fp8_indexer_logits import fp8_score_block
 from backends.reference.topk import rule_order
-from backends.validation import check_topk_width
 
 QUERY_BLOCK = 64
 

@@ -22,7 +22,7 @@ from backends.argcheck import FLOAT_DTYPES, _shape, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import FLOATS, dtype_of, randn
+from backends.reference._common import FLOATS, dtype_of, randn
 from backends.reference.fp8_format import (
     BLOCK,
     E4M3_MAX,

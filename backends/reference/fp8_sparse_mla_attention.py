@@ -21,12 +21,11 @@ from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import FLOATS, attention_fake, attention_returns, dim, dtype_of, randn
-from backends.layout import SeqLayout
+from backends.layout import SeqLayout, check_cache, check_layout
 from backends.reference._cache import gather_rows
-from backends.reference.fp8_format import mla_dequantize_rows
+from backends.reference._common import FLOATS, attention_fake, attention_returns, dim, dtype_of, randn
+from backends.reference.fp8_format import MLA_D_QK, MLA_D_V, MLA_ROW_BYTES, mla_dequantize_rows
 from backends.reference.fp8_mla_cache_quant import fp8_mla_cache_quant
-from backends.validation import MLA_D_QK, MLA_D_V, MLA_ROW_BYTES, check_cache, check_layout
 
 
 @reference_op("fp8_sparse_mla_attention")

@@ -19,14 +19,21 @@ from __future__ import annotations
 import torch
 
 from backends import invariant
-from backends.argcheck import FLOAT_DTYPES, check_same_device, check_tensor, fail
+from backends.argcheck import (
+    FLOAT_DTYPES,
+    check_epilogue,
+    check_group_size,
+    check_same_device,
+    check_tensor,
+    fail,
+    unchecked_offsets,
+)
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import FLOATS, dim, dtype_name, int8, randn, rows_by_cols, scalar
+from backends.reference._common import FLOATS, dim, dtype_name, int8, randn, rows_by_cols, scalar
 from backends.reference.w4a8_matmul import w4a8_matmul
 from backends.reference.w8a8_matmul import w8a8_matmul
-from backends.validation import check_epilogue, check_group_size, unchecked_offsets
 
 
 @reference_op("grouped_matmul")

@@ -16,15 +16,15 @@ from __future__ import annotations
 import torch
 
 from backends import invariant
-from backends.argcheck import FLOAT_DTYPES, check_same_device, check_tensor, fail
+from backends.argcheck import FLOAT_DTYPES, check_heads, check_same_device, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import FLOATS, LONG_BLOCKS, dim, dtype_of, long_layout, max_keys, randn
 from backends.intra_op import one_thread
-from backends.layout import SeqLayout
+from backends.layout import SeqLayout, check_cache, check_layout
 from backends.reference._cache import causal_counts, keys_at, keys_of_request
-from backends.validation import INDEX_SCALE_BYTES, check_cache, check_heads, check_layout
+from backends.reference._common import FLOATS, LONG_BLOCKS, dim, dtype_of, long_layout, max_keys, randn
+from backends.reference.fp8_format import INDEX_SCALE_BYTES
 
 # Bound the [tq, H_I, S] fp32 intermediate (elements).
 _BLOCK_ELEMS = 1 << 25

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import torch
 
+from backends.argcheck import check_topk_width
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl, by_kind
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import FLOATS, dtype_of, scalar
 from backends.layout import SeqLayout
 from backends.reference import indexer_logits as logits
 from backends.reference._cache import causal_counts, keys_of_request
+from backends.reference._common import FLOATS, dtype_of, scalar
 from backends.reference.fp8_indexer_logits import on_fp8_index_cache
 from backends.reference.fp8_indexer_topk import IMPL as FP8_TOPK
 from backends.reference.indexer_logits import indexer_logits, score_block
 from backends.reference.topk import rule_order
 from backends.reference.topk import topk as rule_topk
-from backends.validation import check_topk_width
 
 QUERY_BLOCK = 128
 KEY_CHUNK = 2048

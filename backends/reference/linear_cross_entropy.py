@@ -22,8 +22,8 @@ from backends.argcheck import FLOAT_DTYPES, check_int, check_same_device, check_
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import FLOATS, dim, dtype_of, randn
 from backends.linear_ce import LinearCEKernels, row_chunks
+from backends.reference._common import FLOATS, dim, dtype_of, randn
 
 # Rows per chunk are chosen so one chunk's fp32 logits stay under this many elements.
 _CHUNK_ELEMS = 1 << 24

@@ -14,7 +14,7 @@ from backends.argcheck import FLOAT_DTYPES, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import FLOATS, dtype_of, randn
+from backends.reference._common import FLOATS, dtype_of, randn
 
 
 def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

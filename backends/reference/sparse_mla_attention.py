@@ -26,7 +26,9 @@ from backends.cache_layout import FP8_KINDS, MLAPools
 from backends.caps import OpCaps, OpImpl, by_kind
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import (
+from backends.layout import SeqLayout, check_cache, check_layout
+from backends.reference._cache import gather_rows, keys_at
+from backends.reference._common import (
     FLOATS,
     LONG_BLOCKS,
     attention_fake,
@@ -36,10 +38,8 @@ from backends.decls._common import (
     long_layout,
     randn,
 )
-from backends.layout import SeqLayout
-from backends.reference._cache import gather_rows, keys_at
+from backends.reference.fp8_format import MLA_D_QK, MLA_D_V, MLA_ROW_BYTES
 from backends.reference.fp8_sparse_mla_attention import IMPL as FP8_ATTENTION
-from backends.validation import MLA_D_QK, MLA_D_V, MLA_ROW_BYTES, check_cache, check_layout
 
 # Bound the gathered [tq, topk, d_qk] fp32 keys (elements).
 _GATHER_ELEMS = 1 << 24

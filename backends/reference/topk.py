@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from backends.argcheck import FLOAT_DTYPES, check_same_device, check_tensor, fail
+from backends.argcheck import FLOAT_DTYPES, check_same_device, check_tensor, check_topk_width, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import FLOATS, dim, dtype_of, randn, scalar
-from backends.validation import check_topk_width
+from backends.reference._common import FLOATS, dim, dtype_of, randn, scalar
 
 
 def rule_order(values: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:

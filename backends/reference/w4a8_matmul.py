@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from backends.argcheck import check_tensor, fail
+from backends.argcheck import check_epilogue, check_group_size, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import FLOATS, TDTYPE, dim, dtype_of, int8, randn, rows_by_cols, scalar
+from backends.reference._common import FLOATS, TDTYPE, dim, dtype_of, int8, randn, rows_by_cols, scalar
 from backends.reference.w8a8_matmul import int_matmul_exact
-from backends.validation import check_epilogue, check_group_size
 
 
 def unpack_int4(w_packed: torch.Tensor) -> torch.Tensor:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from backends.argcheck import check_tensor, fail
+from backends.argcheck import check_epilogue, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.counters import reference_op
 from backends.decl import OpDecl
-from backends.decls._common import FLOATS, TDTYPE, dim, dtype_of, int8, randn, rows_by_cols
-from backends.validation import check_epilogue
+from backends.reference._common import FLOATS, TDTYPE, dim, dtype_of, int8, randn, rows_by_cols
 
 
 def int_matmul_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

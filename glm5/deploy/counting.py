@@ -52,7 +52,7 @@ def _linear(a: dict) -> int:
     return 2 * m * a["w"].shape[0] * k
 
 
-#: custom op -> FLOPs of one call, from its named arguments (backends/decls: the declared signatures)
+#: custom op -> FLOPs of one call, from its named arguments (backends/reference/<op>.py: the signatures)
 CUSTOM_FLOPS = {
     "grouped_matmul": _grouped,
     "fp8_grouped_matmul": _grouped,

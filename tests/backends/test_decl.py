@@ -14,7 +14,6 @@ import torch
 import backends
 from backends import SeqLayout, library
 from backends.decl import SHARDING, OpDecl, check_interface
-from backends.decls import DECLS
 from backends.interface import Backend
 from backends.limits import QUANTITIES, quantities
 from backends.ops import OPS
@@ -38,10 +37,10 @@ SCHEMAS = {
 
 
 def test_the_op_table_is_the_declarations():
-    assert OPS is DECLS and list(OPS) == list(backends.OP_NAMES)
-    sections = [tuple(int(p) for p in d.spec_section.split(".")) for d in DECLS.values()]
+    assert list(OPS) == list(backends.OP_NAMES)
+    sections = [tuple(int(p) for p in d.spec_section.split(".")) for d in OPS.values()]
     assert sections == sorted(sections)
-    for op, d in DECLS.items():
+    for op, d in OPS.items():
         assert QUANTITIES[op] is d.quantities and quantities(op) is d.quantities
         assert d.sharding in SHARDING
 
@@ -51,16 +50,16 @@ def test_generated_schemas_are_the_public_ones(op):
     assert str(getattr(torch.ops.glm5, op).default._schema) == f"glm5::{op}{SCHEMAS[op]}"
 
 
-@pytest.mark.parametrize("op", list(DECLS))
+@pytest.mark.parametrize("op", list(OPS))
 def test_every_schema_is_the_declared_signature(op):
-    d = DECLS[op]
+    d = OPS[op]
     args = getattr(torch.ops.glm5, op).default._schema.arguments
     assert [a.name for a in args] == [n for n, _ in d.flat_params()] + ["backend"]
 
 
-@pytest.mark.parametrize("op", list(DECLS))
+@pytest.mark.parametrize("op", list(OPS))
 def test_the_reference_takes_the_declared_signature(op):
-    d = DECLS[op]
+    d = OPS[op]
     ref = getattr(importlib.import_module(f"backends.reference.{op}"), op)
     want, got = typing.get_type_hints(d.signature), typing.get_type_hints(ref)
     assert [(n, got[n], p.default) for n, p in inspect.signature(ref).parameters.items()] == [
@@ -69,21 +68,21 @@ def test_the_reference_takes_the_declared_signature(op):
 
 
 def test_an_interface_method_that_drifts_fails_the_check():
-    check_interface(Backend, DECLS)  # as at import
+    check_interface(Backend, OPS)  # as at import
 
     class Drifted(Backend):
         def topk(self, x: torch.Tensor, k: int, lengths: torch.Tensor | None = None, sorted: bool = True):
             raise NotImplementedError
 
     with pytest.raises(TypeError, match=r"Drifted.topk takes .*backends.reference.topk"):
-        check_interface(Drifted, DECLS)
+        check_interface(Drifted, OPS)
 
     class Retyped(Backend):
         def topk(self, x: torch.Tensor, k: float, lengths: torch.Tensor | None = None):
             raise NotImplementedError
 
     with pytest.raises(TypeError, match="Retyped.topk"):
-        check_interface(Retyped, DECLS)
+        check_interface(Retyped, OPS)
 
 
 def test_custom_op_args_go_by_name_not_dict_order():
@@ -93,7 +92,7 @@ def test_custom_op_args_go_by_name_not_dict_order():
     with pytest.raises(TypeError, match="topk: expected arguments"):
         library.custom_op_args("topk", dict(x=x, k=2), "key")
     lay = SeqLayout.from_lengths([1], [3])
-    flat = DECLS["indexer_topk"].flatten(
+    flat = OPS["indexer_topk"].flatten(
         dict(topk=2, layout=lay, weights=torch.ones(1, 1), k_cache=torch.ones(3, 4), q=torch.ones(1, 1, 4))
     )
     assert flat[-2:] == (3, 2)  # max_seqlen_k, then topk: the schema's order
@@ -114,7 +113,7 @@ def test_a_declaration_refuses_what_no_schema_can_carry():
 
 
 def _samples():
-    for op, d in DECLS.items():
+    for op, d in OPS.items():
         yield op, d.dtype_axis[0], bool(d.grad_args)
 
 
@@ -122,7 +121,7 @@ def _samples():
 def test_opcheck_on_every_declared_sample(op, dt, grad):
     """The declared fake, autograd registration and schema against the reference on the declared sample."""
     be = backends.get("reference")
-    d = DECLS[op]
+    d = OPS[op]
     args = d.sample(torch.Generator().manual_seed(0), dt, grad)
     d.validate(**args)
     assert be.reasons(op, args) == []
@@ -136,7 +135,7 @@ def test_the_generated_backward_recomputes_lse_a_direct_call_did_not_ask_for():
     """`before_backward` (sparse attention): a direct custom-op call with return_lse=False gets the same
     gradients as one with it, from one more forward."""
     ref = backends.get("reference")
-    d = DECLS["sparse_mla_attention"]
+    d = OPS["sparse_mla_attention"]
     sample = d.sample(torch.Generator().manual_seed(0), "float32", True)
     grads = []
     for return_lse in (True, False):

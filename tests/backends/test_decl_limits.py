@@ -11,9 +11,8 @@ import torch
 
 import backends
 from backends.caps import OpCaps
-from backends.decls import DECLS
 from backends.limits import Limit
-from backends.ops import FLOATS
+from backends.ops import FLOATS, OPS
 from conformance.cases import cases
 from conformance.cases.limits import limit_cases
 
@@ -29,12 +28,12 @@ def _variant(op: str, quantity: str) -> str | None:
     return "w4a8" if (op, quantity) == ("grouped_matmul", "group_size") else None
 
 
-QUANTITIES = [(op, q) for op, d in DECLS.items() for q in d.quantities]
+QUANTITIES = [(op, q) for op, d in OPS.items() for q in d.quantities]
 
 
 @pytest.mark.parametrize(("op", "quantity"), QUANTITIES, ids=[f"{op}-{q}" for op, q in QUANTITIES])
 def test_every_quantity_gets_its_at_and_past_cases(op, quantity):
-    d = DECLS[op]
+    d = OPS[op]
     when = _variant(op, quantity)
     lim = Limit(quantity, max=64, reason="test bound", when=(when,) if when else ())
     made = limit_cases(op, (lim,), d.dtype_axis, next(c.outputs for c in cases(op) if c.outputs))

@@ -290,7 +290,7 @@ def sample(op: str, dt: str, layout_kind: str = "ragged") -> dict:
             targets=torch.tensor([0, 4, 2]),
             ignore_index=-100,
         )
-    return OPS[op].sample(torch.Generator().manual_seed(0), dt, False)  # its declaration's (backends/decls)
+    return OPS[op].sample(torch.Generator().manual_seed(0), dt, False)  # its declaration's
 
 
 CLAIMS = [(op, dt) for op, spec in OPS.items() for dt in spec.dtype_axis]

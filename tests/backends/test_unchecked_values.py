@@ -13,7 +13,7 @@ import torch
 
 import backends
 from backends import NotSupported, SeqLayout
-from backends.validation import MAX_PADDED_TOPK
+from backends.argcheck import MAX_PADDED_TOPK
 
 BACKENDS = ["reference", "cpu", "onnxruntime"]
 

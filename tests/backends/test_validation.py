@@ -1,5 +1,6 @@
-"""Input validation (SPEC 2): every check in backends/validation.py raises ValueError naming the
-argument, the expected and the actual value. One table row per check, run through a backend call
+"""Input validation (SPEC 2): every op's validator (`check` in backends/reference/<op>.py, built on
+backends/argcheck.py) raises ValueError naming the argument, the expected and the actual value. One
+table row per check, run through a backend call
 (the path every backend shares) on an otherwise valid input.
 """
 
