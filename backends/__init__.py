@@ -7,10 +7,10 @@ many backends, selected by name.
 """
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import OP_NAMES, OPS
 from backends.errors import BackendUnavailable, NotSupported
 from backends.interface import Backend
 from backends.layout import SeqLayout
-from backends.ops import OP_NAMES, OPS
 from backends.registry import ENTRY_POINT_GROUP, available, get, names, refresh
 
 __all__ = [

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from backends.caps import OpImpl
+from backends.contract.ops import OP_NAMES
 from backends.layout import SeqLayout
-from backends.ops import OP_NAMES
 
 HOST = torch.device("cpu")
 

@@ -1,7 +1,7 @@
 """Capabilities are data with reasons (STYLE rule 4).
 
 A backend declares, per op, what it serves: the values of the op's dtype axis (see
-`backends.ops.OPS`), cache layouts, limits, and determinism claims. `reasons(...)` turns a
+`backends.contract.ops.OPS`), cache layouts, limits, and determinism claims. `reasons(...)` turns a
 declaration plus concrete arguments into the list of reasons it cannot serve them; the conformance
 suite generates cases from the same declarations and checks the claims both ways.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backends.cache_layout import FP8_KINDS, cache_kind
-from backends.limits import Limit
+from backends.contract.limits import Limit
 
 TIE_RULES = ("lower_index", "none")
 #: cache kinds an attention-like op may serve (`backends.cache_layout.cache_kind`): one tensor ragged or
@@ -30,7 +30,8 @@ class OpCaps:
     dtypes: values of the op's dtype axis it serves (e.g. "float32", "bfloat16"; "w8a8" for grouped_matmul).
     layouts: cache kinds served by attention-like ops ("ragged", "paged", "pools": a paged latent cache
       as split pools, "fp8_ragged" / "fp8_paged": FP8 rows; backends.cache_layout); empty for other ops.
-    limits: typed bounds on measurable quantities (`backends.limits.Limit`): enforced by the front door
+    limits: typed bounds on measurable quantities (`backends.contract.limits.Limit`): enforced by the front
+    door
       with their reasons, and tested at and just past each bound by the conformance suite.
     notes: free-text facts shown in reports that are not bounds (a route taken, a precision note). A
       bound is a `Limit`: free text given as `limits` is refused (it would be enforced and tested by nothing).
@@ -40,7 +41,7 @@ class OpCaps:
     tie_rule: "lower_index" (SPEC 2.3 holds bitwise) or "none" (weaker contract); None if the op has no ties.
     differentiable: backward is implemented (tested through autograd).
     layout_invariant: runs the layout-invariant mode of SPEC 12 (exact products, fixed trees and formulas
-      while `backends.invariant.active()`); the mode refuses a backend whose op lacks it.
+      while `backends.invariant.engine.active()`); the mode refuses a backend whose op lacks it.
     """
 
     dtypes: tuple[str, ...]
@@ -57,7 +58,8 @@ class OpCaps:
     def __post_init__(self) -> None:
         if isinstance(self.limits, Mapping):
             raise ValueError(
-                f"limits: expected backends.limits.Limit entries, got free text {dict(self.limits)!r} "
+                "limits: expected backends.contract.limits.Limit entries, "
+                f"got free text {dict(self.limits)!r} "
                 "(a bound: Limit(quantity, max=..., reason=...); a fact that is not a bound: notes=...)"
             )
         if isinstance(self.limits, Limit):
@@ -66,7 +68,9 @@ class OpCaps:
             object.__setattr__(self, "limits", tuple(self.limits))
         for lim in self.limits:
             if not isinstance(lim, Limit):
-                raise ValueError(f"limits: expected backends.limits.Limit entries, got {type(lim).__name__}")
+                raise ValueError(
+                    f"limits: expected backends.contract.limits.Limit entries, got {type(lim).__name__}"
+                )
         if self.tie_rule is not None and self.tie_rule not in TIE_RULES:
             raise ValueError(f"tie_rule: expected one of {TIE_RULES} or None, got {self.tie_rule!r}")
         for lay in self.layouts:

@@ -3,8 +3,8 @@
 A hook is installed on a backend for a block (`with backend.hooked(hook):`, stackable) or for the life of
 a view of the backend (`backend.with_hooks(hook)`: same table, counters and custom-op key, its own hooks;
 for a model that always runs hooked while other models share the backend unhooked; installing or removing
-one rebuilds the backend's doors, backends/door.py). At every call of an op method, after the arguments are
-validated:
+one rebuilds the backend's doors, backends/contract/door.py). At every call of an op method, after the
+arguments are validated:
 - `override(backend, op, args)`: consulted from the most recently installed hook outwards; the first
   result other than `NOT_OVERRIDDEN` is the op's result and the backend's implementation does not run.
   The calls a hook's override makes on the same backend go through the front door (validated,

@@ -2,16 +2,16 @@
 
 `Backend` does what every backend shares, in two halves:
 - the front door (the op methods, each calling its door `self._doors[op]`, built once per op by
-  backends/door.py): validate shapes, dtypes and devices (each declaration's `validate`, no host reads),
-  value-check a layout once per `SeqLayout` object (every value check on every call only under
+  backends/contract/door.py): validate shapes, dtypes and devices (each declaration's `validate`, no host
+  reads), value-check a layout once per `SeqLayout` object (every value check on every call only under
   GLM5_VALIDATE=values), check the declared capabilities and raise `NotSupported` with every reason,
   then call the implementation (plain eager) or the op's torch custom op `torch.ops.glm5.<op>`
-  (`backends/library.py`), which `torch.compile`, `torch.export` and CUDA graphs see as one opaque
+  (`backends/contract/library.py`), which `torch.compile`, `torch.export` and CUDA graphs see as one opaque
   node; hooks installed with `hooked` / `with_hooks` (backends/hooks.py) observe each call and may
   override its result;
 - `run`, which the custom op calls at run time: count the call, run the backend's implementation from
   its `ops` table and, under GLM5_VALIDATE=reference, shadow-check it.
-A backend subclass is a table (op name -> `OpImpl`, built by `backends.table.load_ops`) plus
+A backend subclass is a table (op name -> `OpImpl`, built by `backends.contract.table.load_ops`) plus
 `available()`; anything not in its table raises `NotSupported`, nothing is inherited from the reference
 unless the backend declares it borrowed (`borrow`, backends/borrow.py: the reference on host copies).
 """
@@ -29,16 +29,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from backends import custom_op
 from backends.borrow import BorrowLedger, borrowed_impl, check_names
 from backends.cache_layout import ONE_TENSOR, MLACacheLayout
 from backends.caps import OpCaps, OpImpl
-from backends.decl import check_interface
-from backends.door import build_door, caps_reasons, device_reasons
+from backends.contract import custom_op
+from backends.contract.decl import check_interface
+from backends.contract.door import build_door, caps_reasons, device_reasons
+from backends.contract.ops import OPS
+from backends.contract.typed_fp8 import FP8Ops
+from backends.contract.typed_ops import ContractOps
 from backends.hooks import Hook
-from backends.interface_fp8 import FP8Ops
-from backends.interface_ops import ContractOps
-from backends.ops import OPS
 from backends.shadow import shadow_check
 
 #: GLM5_VALIDATE values: "values" runs every value check on every call; "reference" also shadow-checks;
@@ -53,7 +53,7 @@ def validation_mode() -> str:
     return mode
 
 
-class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_ops.py, interface_fp8.py
+class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/contract/typed_ops.py, interface_fp8.py
     name: ClassVar[str] = "?"
     #: torch device type the backend's tensors live on ("cpu", "cuda", "npu").
     device: ClassVar[str] = "cpu"
@@ -70,7 +70,7 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
     def __init__(self) -> None:
         #: entries into the backend's own implementations (`run`): its native work, also in compiled graphs
         self.calls: Counter[str] = Counter()
-        #: op -> its front door (backends/door.py), built on first use
+        #: op -> its front door (backends/contract/door.py), built on first use
         self._doors = _Doors(self)
         #: front-door hooks, in installation order (backends/hooks.py)
         self._hooks: tuple[Hook, ...] = ()
@@ -87,7 +87,7 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
         self._validate_values = mode in ("values", "reference")
         #: GLM5_VALIDATE=reference: also run the reference on every call and compare (backends/shadow.py)
         self.shadow = mode == "reference" and self.name != "reference"
-        #: the name custom ops use to reach this instance (backends/library.py)
+        #: the name custom ops use to reach this instance (backends/contract/library.py)
         self.key = custom_op.register_instance(self)
 
     # -- what a backend declares ------------------------------------------------------------------
@@ -208,7 +208,7 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
         return self._doors[op](args)
 
     def _build_door(self, op: str) -> Callable[[dict[str, Any]], Any]:
-        """The front door of `op` on this backend, decided once (backends/door.py); rebuilt when the
+        """The front door of `op` on this backend, decided once (backends/contract/door.py); rebuilt when the
         hooks or the validation mode change."""
         return build_door(self, op, own_reasons=type(self).reasons is not Backend.reasons)
 
@@ -232,7 +232,7 @@ class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/interface_
 
 
 class _Doors(dict):
-    """op -> the backend's front door for it (backends/door.py), built on first use."""
+    """op -> the backend's front door for it (backends/contract/door.py), built on first use."""
 
     def __init__(self, backend: Backend) -> None:
         super().__init__()

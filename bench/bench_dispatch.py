@@ -93,7 +93,7 @@ def _noop_backend(torch, args_by_op):
     import backends
     from backends import Backend
     from backends.caps import OpCaps, OpImpl
-    from backends.ops import FLOATS
+    from backends.contract.ops import FLOATS
 
     ref = backends.get("reference")
     with torch.no_grad():

@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from backends import expert_dispatch, moe
+from backends.moe import dispatch as moe
+from backends.moe import expert_parallel as expert_dispatch
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel import plan

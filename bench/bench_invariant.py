@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from backends import invariant_gemm
-from backends.invariant import exact_matmul
+from backends.invariant import gemm as invariant_gemm
+from backends.invariant.engine import exact_matmul
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel.invariant import layout_invariant

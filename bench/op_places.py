@@ -17,23 +17,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the files that make up the op contract's machinery (issue 22's ~2,000 lines)
-MACHINERY = [
-    f"backends/{m}.py"
-    for m in (
-        "interface",
-        "interface_fp8",
-        "interface_ops",
-        "ops",
-        "library",
-        "library_fp8",
-        "library_moe",
-        "custom_op",
-        "limits",
-        "argcheck",
-        "table",
-        "decl",
-        "decl_torch",
-    )
+MACHINERY = ["backends/interface.py", "backends/argcheck.py"] + [
+    f"backends/contract/{m}.py"
+    for m in ("typed_fp8", "typed_ops", "ops", "library", "custom_op", "limits", "table", "decl", "torch_op")
 ]
 #: where else an op is declared by hand: the ONNX translation and the shared sample / limit tables
 ELSEWHERE = [
@@ -52,7 +38,7 @@ def _ops() -> list[str]:
     import sys
 
     sys.path.insert(0, str(ROOT))
-    from backends.ops import OP_NAMES
+    from backends.contract.ops import OP_NAMES
 
     return list(OP_NAMES)
 

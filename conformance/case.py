@@ -1,7 +1,7 @@
 """A conformance case: a stable id, a seeded CPU input builder, and how each output is compared.
 
 Cases are generated per op (`conformance/cases/<op>.py`) and per dtype of the op's dtype axis
-(`backends.ops.OPS[op].dtype_axis`). The seed of a case is `zlib.crc32("<op>/<case id>")`, so a
+(`backends.contract.ops.OPS[op].dtype_axis`). The seed of a case is `zlib.crc32("<op>/<case id>")`, so a
 subset, a rerun or a parallel run builds bit-identical inputs whatever else is selected.
 """
 

@@ -1,4 +1,4 @@
-"""Reports of a conformance run: coverage matrix (fixed denominator: every op of `backends.ops.OPS` x
+"""Reports of a conformance run: coverage matrix (fixed denominator: every op of `backends.contract.ops.OPS` x
 every dtype of its axis, whatever is claimed), failures with their worst elements and repro line,
 claims checked both ways, determinism claims, unused manifest entries; as rich console output, JSON,
 JUnit XML and Markdown."""
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends.ops import OPS
+from backends.contract.ops import OPS
 from conformance.result import BORROWED, FAILING, PASS, RAN, SKIPPED, UNSUPPORTED, XFAIL, Result
 
 

@@ -20,10 +20,10 @@ import torch
 
 import backends
 from backends.cache_layout import cache_kind
+from backends.contract.ops import OPS
 from backends.counters import REFERENCE_CALLS
 from backends.errors import NotSupported
 from backends.interface import Backend
-from backends.ops import OPS
 from conformance import cases as case_registry
 from conformance.case import Case, args_to, clone_args, host_outputs, outputs, snapshot, summarize
 from conformance.comparators import compare

@@ -12,7 +12,7 @@ level into one int32 accumulator S_l (IMMA / wgmma s8 on NVIDIA, NumPy's integer
 interpreter), then folds it into the int64 tile: P = (P << slice_bits) + S_l. Every product and sum is an
 integer below its type's range (|S_l| <= S K 2^(2 (slice_bits - 1)) < 2^31, checked by the launcher;
 |P| < 2^63 is the caller's grid bound), so the result does not depend on the tile shapes, the K order or
-the hardware: it is the same integers as the other engines of backends/invariant_gemm.py, bitwise.
+the hardware: it is the same integers as the other engines of backends/invariant/gemm.py, bitwise.
 Levels outermost keep one int32 and one int64 accumulator live (7 int32 tiles would not fit the
 registers of a useful tile); the cost is reloading each digit tile once per level it enters.
 """

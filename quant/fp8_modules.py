@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from backends import Backend, moe
+from backends import Backend
 from backends.formats import BLOCK, E4M3, EPS_DEEPSEEK, cdiv, dequantize_weight_blocks
+from backends.moe import dispatch as moe
 from quant.modules import Fp32Scales
 
 EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from backends import invariant
+from backends.invariant import engine as invariant
 from quant.recipe import W4A8
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from backends import Backend, invariant, moe
+from backends import Backend
 from backends.formats import pack_int4, unpack_int4
+from backends.invariant import engine as invariant
+from backends.moe import dispatch as moe
 from quant import invariant as invariant_mode
 from quant.recipe import W4A8, W8A8, Scheme
 

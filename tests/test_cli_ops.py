@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import backends
 from backends import registry
-from backends.ops import OPS
+from backends.contract.ops import OPS
 from glm5.cli import main
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "port"
@@ -51,7 +51,7 @@ def test_where_topk_lives(with_dayone):
     assert rows["spec"].startswith("docs/spec.md 2.3 `topk(")
     declared = rows["declaration"]
     assert declared.startswith("backends/reference/topk.py:") and declared.endswith(" topk")
-    assert rows["interface"].startswith("backends/interface_ops.py:")
+    assert rows["interface"].startswith("backends/contract/typed_ops.py:")
     assert rows["interface"].endswith("ContractOps.topk")
     # through the counting decorator, to the function's own file
     assert rows["reference"].startswith("backends/reference/topk.py:") and rows["reference"].endswith(" topk")

@@ -28,8 +28,8 @@ import torch
 
 from backends.ascend import _provider
 from backends.ascend.sparse_mla_attention import CACHE_LAYOUT as sfa_cache_layout
+from backends.contract.table import load_ops
 from backends.interface import Backend
-from backends.table import load_ops
 
 #: what serves each op, for reports (the route actually taken per call is in environment()["routes"])
 PROVENANCE = {

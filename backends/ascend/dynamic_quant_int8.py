@@ -13,7 +13,7 @@ import torch
 
 from backends.ascend._provider import OpsProvider
 from backends.caps import OpCaps, OpImpl
-from backends.ops import FLOATS
+from backends.contract.ops import FLOATS
 
 OP = "npu_dynamic_quant"
 _FLOOR = 1e-10

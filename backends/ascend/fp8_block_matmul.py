@@ -4,7 +4,7 @@ Why: backends/ascend/fp8_unsupported.py.
 """
 
 from backends.ascend.fp8_unsupported import declined
-from backends.ops import FLOATS
+from backends.contract.ops import FLOATS
 from backends.reference.fp8_block_matmul import fp8_block_matmul as _spec
 
 IMPL = declined(_spec, FLOATS)

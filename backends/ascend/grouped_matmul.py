@@ -28,8 +28,8 @@ from backends.ascend import _adapters as ad
 from backends.ascend._prepared import k_major
 from backends.ascend._provider import BATCH_INVARIANT, GMM_MAX_DIM, GMM_MAX_GROUPS, OpsProvider
 from backends.caps import OpCaps, OpImpl
-from backends.moe import zero_padding_rows
-from backends.ops import FLOATS
+from backends.contract.ops import FLOATS
+from backends.moe.dispatch import zero_padding_rows
 
 OP = "npu_grouped_matmul"
 GROUP_LIST_TYPE = 0  # 0: cumulative ends; 1: per-group counts

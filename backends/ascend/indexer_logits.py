@@ -13,9 +13,9 @@ import torch
 from backends.ascend import _adapters as ad
 from backends.ascend._provider import OpsProvider
 from backends.caps import OpCaps, OpImpl
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS
 from backends.layout import SeqLayout
-from backends.limits import Limit
-from backends.ops import FLOATS
 
 HEADS_REASON = "the kernel holds all heads of a token in one tile"
 # query tokens per kernel launch in the top-k fallback: bounds its [rows, S] fp32 scores

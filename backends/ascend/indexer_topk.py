@@ -35,9 +35,9 @@ from backends.ascend._provider import (
 )
 from backends.ascend.indexer_logits import ROW_BLOCK, kernel_logits
 from backends.caps import OpCaps, OpImpl
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS
 from backends.layout import SeqLayout
-from backends.limits import Limit
-from backends.ops import FLOATS
 
 OP = "npu_lightning_indexer"
 #: relative score gap (of the row's largest |score|) the closure test demands at the candidate boundary

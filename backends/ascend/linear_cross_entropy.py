@@ -18,8 +18,8 @@ import torch
 from backends import linear_ce
 from backends.ascend._provider import OpsProvider
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.linear_ce import LinearCEKernels, row_chunks
-from backends.ops import FLOATS
 
 # rows per chunk keep one chunk's fp32 logits under this many elements (the reference uses 2^24)
 CHUNK_ELEMS = 1 << 22

@@ -38,7 +38,7 @@ from backends.ascend._provider import BATCH_INVARIANT, OpsProvider
 from backends.ascend._soc import BLOCK_MULTIPLE, MAX_BLOCK
 from backends.cache_layout import MLACacheLayout, MLAPools
 from backends.caps import OpCaps, OpImpl
-from backends.ops import FLOATS
+from backends.contract.ops import FLOATS
 
 OP = "npu_sparse_flash_attention"
 D_NOPE, D_ROPE = 512, 64

@@ -10,7 +10,7 @@ import torch
 
 from backends.ascend._provider import OpsProvider
 from backends.caps import OpCaps, OpImpl
-from backends.ops import FLOATS
+from backends.contract.ops import FLOATS
 
 PROVENANCE = "kernels_ascend.topk"
 

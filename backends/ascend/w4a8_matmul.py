@@ -17,7 +17,7 @@ from backends.ascend import _adapters as ad
 from backends.ascend._provider import BATCH_INVARIANT, OpsProvider
 from backends.ascend.grouped_matmul import w4_form, w4a8_operator
 from backends.caps import OpCaps, OpImpl
-from backends.ops import FLOATS
+from backends.contract.ops import FLOATS
 
 
 def uses_operator(group_size: int, k: int, bias, out_dtype) -> bool:

@@ -18,7 +18,7 @@ import torch
 from backends.ascend._prepared import k_major
 from backends.ascend._provider import BATCH_INVARIANT, QMM_MAX_LAST_DIM, OpsProvider
 from backends.caps import OpCaps, OpImpl
-from backends.ops import FLOATS
+from backends.contract.ops import FLOATS
 
 OP = "npu_quant_matmul"
 

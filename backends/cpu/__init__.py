@@ -16,9 +16,9 @@ import platform
 
 import torch
 
+from backends.contract.table import load_ops
 from backends.cpu._intmm import PATH as INT_GEMM
 from backends.interface import Backend
-from backends.table import load_ops
 
 
 class CpuBackend(Backend):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.cpu._fp8 import block_matmul_into
-from backends.ops import FLOATS
 
 
 def fp8_block_matmul(

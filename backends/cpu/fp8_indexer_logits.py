@@ -9,12 +9,12 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FP8
 from backends.cpu._cache import causal_counts
 from backends.cpu._fp8 import decode
 from backends.cpu._fp8_index import request_keys
 from backends.cpu.indexer_logits import BLOCK_ELEMS, scores
 from backends.layout import SeqLayout
-from backends.ops import FP8
 
 
 def fp8_indexer_logits(

@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FP8
 from backends.cpu._cache import causal_counts
 from backends.cpu._fp8_index import exact_scores, request_keys
 from backends.cpu.topk import topk as select_topk
 from backends.layout import SeqLayout
-from backends.ops import FP8
 
 QUERY_BLOCK = 64  # the reference's: the head sums' fp64 rounding follows the einsum's shapes
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.formats import BLOCK, E4M3, E4M3_MAX, MLA_ROW_BYTES, MLA_SCALE_FLOOR, pow2_ceil
-from backends.ops import FLOATS
 
 LATENT, ROPE = 512, 64
 TILES = LATENT // BLOCK

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.formats import BLOCK, E4M3, E4M3_MAX, EPS_DEEPSEEK, cdiv, pow2_ceil
-from backends.ops import FLOATS
 
 #: elements of x handled per slice (fp32 copies of 1 MiB)
 SLICE_ELEMS = 1 << 18

@@ -12,6 +12,7 @@ import torch
 
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.cpu._attention import query_blocks, softmax_values
 from backends.cpu._cache import flat
 from backends.cpu._fp8 import decode
@@ -19,7 +20,6 @@ from backends.cpu._parallel import run_blocks
 from backends.cpu._workspace import buffer
 from backends.formats import BLOCK
 from backends.layout import SeqLayout
-from backends.ops import FLOATS
 
 LATENT, ROPE, TILES = 512, 64, 4
 #: bound the gathered [tq, topk, 576] fp32 keys (elements): 16 MiB

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from backends import invariant
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.cpu._intmm import PATH, int_matmul
 from backends.cpu.w4a8_matmul import grouped_sum
 from backends.cpu.w8a8_matmul import epilogue
 from backends.formats import unpack_int4
-from backends.ops import FLOATS
+from backends.invariant import engine as invariant
 
 
 def grouped_matmul(

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.cpu._cache import causal_counts, keys_of_request
 from backends.layout import SeqLayout
-from backends.ops import FLOATS
 from backends.reference.indexer_logits import backward as reference_backward
 
 # Bound the [tq, H_I, S] fp32 intermediate (elements): 16 MiB keeps it near the caches.

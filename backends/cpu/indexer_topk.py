@@ -18,6 +18,7 @@ import torch
 
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl, by_kind
+from backends.contract.ops import FLOATS
 from backends.cpu._cache import causal_counts, keys_of_request
 from backends.cpu._parallel import run_blocks
 from backends.cpu._select import order_key, rule_order
@@ -25,7 +26,6 @@ from backends.cpu._workspace import buffer
 from backends.cpu.fp8_indexer_topk import IMPL as FP8_TOPK
 from backends.cpu.topk import topk as select_topk
 from backends.layout import SeqLayout
-from backends.ops import FLOATS
 from backends.reference.fp8_indexer_logits import on_fp8_index_cache
 from backends.reference.indexer_logits import score_block
 

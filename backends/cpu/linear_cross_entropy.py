@@ -12,8 +12,8 @@ import torch
 
 from backends import linear_ce
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.linear_ce import LinearCEKernels, row_chunks
-from backends.ops import FLOATS
 
 # Rows per chunk: one chunk's fp32 logits stay under this many elements (16 MiB).
 CHUNK_ELEMS = 1 << 22

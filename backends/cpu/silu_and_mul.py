@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
-from backends.ops import FLOATS
+from backends.contract.ops import FLOATS
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

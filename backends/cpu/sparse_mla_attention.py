@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import torch
 
-from backends import invariant
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl, by_kind
+from backends.contract.ops import FLOATS
 from backends.cpu._attention import query_blocks, softmax_values
 from backends.cpu._cache import flat
 from backends.cpu._parallel import run_blocks
 from backends.cpu._workspace import buffer
 from backends.cpu.fp8_sparse_mla_attention import IMPL as FP8_ATTENTION
+from backends.invariant import engine as invariant
 from backends.layout import SeqLayout
-from backends.ops import FLOATS
 
 # Bound the gathered [tq, topk, d_qk] keys (elements): 4M fp32 = 16 MiB, a few queries at topk 2048.
 GATHER_ELEMS = 1 << 22

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.cpu._intmm import PATH, int_matmul
 from backends.formats import unpack_int4
-from backends.ops import FLOATS
 
 
 def grouped_sum(x_q: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, group_size: int) -> torch.Tensor:

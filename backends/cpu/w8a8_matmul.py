@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.cpu._intmm import PATH, int_matmul
-from backends.ops import FLOATS
 
 
 def epilogue(acc, x_scale, w_scale, bias, out_dtype) -> torch.Tensor:

@@ -12,8 +12,8 @@ from collections import Counter
 
 import torch
 
+from backends.contract.table import load_ops
 from backends.interface import Backend
-from backends.table import load_ops
 
 
 def _load_ops() -> dict:

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
+from backends.contract.limits import Limit
 from backends.layout import SeqLayout
-from backends.limits import Limit
 
 MAX_HEADS = 128
 MAX_HEAD_DIM = 256

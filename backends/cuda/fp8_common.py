@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from backends.caps import OpCaps
+from backends.contract.ops import FLOATS
 from backends.cuda._tiles import SHARED_TILE_NOTE, SHARED_TILE_ROWS_INVARIANT
-from backends.ops import FLOATS
 
 #: e4m3 tensor-core dots: sm_89 (Ada) and sm_90+ (Hopper, Blackwell)
 MIN_CAPABILITY = (8, 9)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FP8
 from backends.cuda import _indexer
 from backends.cuda.fp8_common import chain, fp8_reasons
 from backends.layout import SeqLayout
-from backends.ops import FP8
 from kernels_cuda.fp8_indexer import fp8_indexer_logits as _kernel
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.limits import Limit
+from backends.contract.ops import FP8
 from backends.cuda import _indexer
 from backends.cuda.fp8_common import chain, fp8_reasons
 from backends.layout import SeqLayout
-from backends.limits import Limit
-from backends.ops import FP8
 from kernels_cuda.fp8_indexer import fp8_indexer_topk as _kernel
 from kernels_cuda.indexer_topk import MAX_TOPK
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
-from backends.ops import FLOATS
+from backends.contract.ops import FLOATS
 from kernels_cuda.fp8_quant import fp8_mla_cache_quant as _kernel
 
 

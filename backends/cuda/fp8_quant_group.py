@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
-from backends.limits import Limit
-from backends.ops import FLOATS
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS
 from kernels_cuda.fp8_quant import fp8_quant_group as _kernel
 
 MAX_GROUP = 4096

@@ -10,8 +10,8 @@ import torch
 
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
+from backends.contract.limits import Limit
 from backends.layout import SeqLayout
-from backends.limits import Limit
 from kernels_cuda.fp8_sparse_mla import fp8_sparse_mla_fwd as _kernel
 
 MAX_HEADS = 128

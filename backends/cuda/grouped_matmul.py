@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS
 from backends.cuda._tiles import SHARED_TILE_NOTE, SHARED_TILE_ROWS_INVARIANT
 from backends.cuda.w4a8_matmul import MAX_GROUP
 from backends.cuda.w8a8_matmul import MAX_K
-from backends.limits import Limit
-from backends.ops import FLOATS
 
 LIMITS = (
     Limit("K", max=MAX_K, reason="an int32 accumulator of int8 products may overflow", when=("w8a8",)),

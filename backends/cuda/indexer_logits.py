@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.cuda import _indexer
 from backends.layout import SeqLayout
-from backends.ops import FLOATS
 from kernels_cuda.indexer_logits import indexer_logits as _kernel
 
 

@@ -9,11 +9,11 @@ import torch
 
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl, by_kind
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS
 from backends.cuda import _indexer
 from backends.cuda.fp8_indexer_topk import IMPL as FP8_TOPK
 from backends.layout import SeqLayout
-from backends.limits import Limit
-from backends.ops import FLOATS
 from backends.reference.fp8_indexer_logits import on_fp8_index_cache
 from kernels_cuda.indexer_topk import MAX_TOPK
 from kernels_cuda.indexer_topk import indexer_topk as _kernel

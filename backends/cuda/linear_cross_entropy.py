@@ -19,8 +19,8 @@ import torch
 
 from backends import linear_ce
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.linear_ce import LinearCEKernels, row_chunks
-from backends.ops import FLOATS
 
 #: fp32 logits elements per chunk (256 MiB)
 CHUNK_ELEMS = 1 << 26

@@ -15,10 +15,10 @@ import torch
 
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl, by_kind
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS
 from backends.cuda.fp8_sparse_mla_attention import IMPL as FP8_ATTENTION
 from backends.layout import SeqLayout
-from backends.limits import Limit
-from backends.ops import FLOATS
 from kernels_cuda.sparse_mla_attention import sparse_mla_bwd, sparse_mla_fwd
 
 MAX_D_V = 512

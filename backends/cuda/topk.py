@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
-from backends.limits import Limit
-from backends.ops import FLOATS
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS
 from kernels_cuda.topk import MAX_K
 from kernels_cuda.topk import topk as _kernel
 

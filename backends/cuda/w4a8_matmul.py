@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
-from backends.limits import Limit
-from backends.ops import FLOATS
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS
 
 #: the largest group whose int32 sum of int8 x int4 products cannot overflow: 128 * 8 * group < 2**31
 MAX_GROUP = (2**31 - 1) // (128 * 8)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
-from backends.limits import Limit
-from backends.ops import FLOATS
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS
 
 #: the largest K whose int32 sum of int8 products cannot overflow: 128 * 128 * K < 2**31
 MAX_K = (2**31 - 1) // (128 * 128)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import platform
 from collections import Counter
 
+from backends.contract.table import load_ops
 from backends.interface import Backend
-from backends.table import load_ops
 
 _DEPS = ("onnx", "onnxscript", "onnxruntime")
 try:  # the op modules import onnxscript at import time: a missing extra is reported by available()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.onnxruntime._session import run
-from backends.ops import FLOATS
 
 
 def dynamic_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

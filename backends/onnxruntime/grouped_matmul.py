@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
-from backends.limits import Limit
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS
 from backends.onnxruntime._session import inference_only, onnx_dtype, run
 from backends.onnxruntime.w8a8_matmul import K_REASON, MAX_K
-from backends.ops import FLOATS
 
 
 def grouped_matmul(

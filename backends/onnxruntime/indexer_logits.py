@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.layout import SeqLayout
 from backends.onnxruntime._session import inference_only, layout_inputs, run
-from backends.ops import FLOATS
 
 
 def indexer_logits(

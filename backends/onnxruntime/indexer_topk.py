@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.layout import SeqLayout
 from backends.onnxruntime._session import layout_inputs, run
-from backends.ops import FLOATS
 
 #: keys scored per Loop step (a static attribute of the function; part of the session cache key)
 KEY_CHUNK = 2048

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
+from backends.contract.ops import FLOATS
 from backends.onnxruntime._session import inference_only, run
-from backends.ops import FLOATS
 
 #: logits per row chunk (a static attribute of the function), as the reference's bound
 CHUNK_ELEMS = 1 << 24

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
-from backends.limits import Limit
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS
 from backends.onnxruntime._session import onnx_dtype, run
 from backends.onnxruntime.w8a8_matmul import K_REASON, MAX_K
-from backends.ops import FLOATS
 
 
 def w4a8_matmul(

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 from backends.caps import OpCaps, OpImpl
-from backends.limits import Limit
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS
 from backends.onnxruntime._session import onnx_dtype, run
-from backends.ops import FLOATS
 
 #: largest K whose int8 x int8 sums (|x| <= 128, |w| <= 128) cannot overflow MatMulInteger's int32
 MAX_K = (2**31 - 1) // (128 * 128)

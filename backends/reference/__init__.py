@@ -1,8 +1,9 @@
 """The `reference` backend: the contract (SPEC 2) in plain fp32 torch on the CPU, one module per op.
 
 Every other backend is checked against it. An op's module is also its declaration (`DECL`: signature,
-fake, validators, limits, sample; backends/decl.py), so the package itself imports nothing at load:
-the op table (backends/ops.py) reads these modules, and the backend's class (backend.py) reads the table.
+fake, validators, limits, sample; backends/contract/decl.py), so the package itself imports nothing at load:
+the op table (backends/contract/ops.py) reads these modules, and the backend's class (backend.py) reads the
+table.
 """
 
 from __future__ import annotations

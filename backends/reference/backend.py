@@ -7,8 +7,8 @@ import platform
 
 import torch
 
+from backends.contract.table import load_ops
 from backends.interface import Backend
-from backends.table import load_ops
 
 
 class ReferenceBackend(Backend):

@@ -11,8 +11,8 @@ import torch
 
 from backends.argcheck import FLOAT_DTYPES, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.reference._common import FLOATS, dim, dtype_of, randn
 
 

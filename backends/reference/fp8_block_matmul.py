@@ -21,8 +21,8 @@ import torch
 
 from backends.argcheck import FLOAT_DTYPES, check_out_dtype, check_same_device, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.reference._common import E4M3, FLOATS, TDTYPE, dtype_of, randn, rows_by_cols
 from backends.reference.fp8_format import BLOCK, cdiv, quantize_weight_blocks
 

@@ -16,8 +16,8 @@ import torch
 
 from backends.argcheck import cdiv, check_out_dtype, check_same_device, check_tensor, fail, unchecked_offsets
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.reference._common import E4M3, FLOATS, TDTYPE, dtype_of, randn, rows_by_cols
 from backends.reference.fp8_block_matmul import BLOCK, block_dots, promote, quantized_rows
 from backends.reference.fp8_format import quantize_weight_blocks

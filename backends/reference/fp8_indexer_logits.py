@@ -25,8 +25,8 @@ import torch
 from backends.argcheck import check_heads, check_same_device, check_tensor
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.intra_op import one_thread
 from backends.layout import SeqLayout, check_cache, check_layout
 from backends.reference import indexer_logits as float_op

@@ -12,8 +12,8 @@ import torch
 
 from backends.argcheck import check_topk_width
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.layout import SeqLayout
 from backends.reference import fp8_indexer_logits as logits
 from backends.reference._cache import causal_counts, keys_of_request

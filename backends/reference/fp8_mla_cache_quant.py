@@ -20,8 +20,8 @@ import torch
 
 from backends.argcheck import FLOAT_DTYPES, _shape, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.reference._common import FLOATS, dtype_of, randn
 from backends.reference.fp8_format import (
     BLOCK,

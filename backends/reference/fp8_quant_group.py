@@ -19,8 +19,8 @@ import torch
 
 from backends.argcheck import FLOAT_DTYPES, check_int, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.reference._common import E4M3, FLOATS, dim, dtype_of, randn, scalar
 from backends.reference.fp8_format import BLOCK, EPS_DEEPSEEK, cast_e4m3, cdiv, expand_groups, group_scale
 

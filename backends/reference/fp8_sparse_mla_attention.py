@@ -19,8 +19,8 @@ import torch
 from backends.argcheck import FLOAT_DTYPES, _shape, check_same_device, check_tensor, fail
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.layout import SeqLayout, check_cache, check_layout
 from backends.reference._cache import gather_rows
 from backends.reference._common import FLOATS, attention_fake, attention_returns, dim, dtype_of, randn

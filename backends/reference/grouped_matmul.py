@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from backends import invariant
 from backends.argcheck import (
     FLOAT_DTYPES,
     check_epilogue,
@@ -29,8 +28,9 @@ from backends.argcheck import (
     unchecked_offsets,
 )
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
+from backends.invariant import engine as invariant
 from backends.reference._common import FLOATS, dim, dtype_name, int8, randn, rows_by_cols, scalar
 from backends.reference.w4a8_matmul import w4a8_matmul
 from backends.reference.w8a8_matmul import w8a8_matmul

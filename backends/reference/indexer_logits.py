@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from backends import invariant
 from backends.argcheck import FLOAT_DTYPES, check_heads, check_same_device, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.intra_op import one_thread
+from backends.invariant import engine as invariant
 from backends.layout import SeqLayout, check_cache, check_layout
 from backends.reference._cache import causal_counts, keys_at, keys_of_request
 from backends.reference._common import FLOATS, LONG_BLOCKS, dim, dtype_of, long_layout, max_keys, randn

@@ -14,8 +14,8 @@ import torch
 from backends.argcheck import check_topk_width
 from backends.cache_layout import FP8_KINDS
 from backends.caps import OpCaps, OpImpl, by_kind
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.layout import SeqLayout
 from backends.reference import indexer_logits as logits
 from backends.reference._cache import causal_counts, keys_of_request

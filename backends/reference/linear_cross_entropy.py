@@ -20,8 +20,8 @@ import torch
 from backends import linear_ce
 from backends.argcheck import FLOAT_DTYPES, check_int, check_same_device, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.linear_ce import LinearCEKernels, row_chunks
 from backends.reference._common import FLOATS, dim, dtype_of, randn
 

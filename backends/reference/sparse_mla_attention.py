@@ -20,12 +20,12 @@ from collections.abc import Callable
 
 import torch
 
-from backends import invariant
 from backends.argcheck import FLOAT_DTYPES, _shape, check_int, check_same_device, check_tensor, fail
 from backends.cache_layout import FP8_KINDS, MLAPools
 from backends.caps import OpCaps, OpImpl, by_kind
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
+from backends.invariant import engine as invariant
 from backends.layout import SeqLayout, check_cache, check_layout
 from backends.reference._cache import gather_rows, keys_at
 from backends.reference._common import (

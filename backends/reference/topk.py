@@ -12,8 +12,8 @@ import torch
 
 from backends.argcheck import FLOAT_DTYPES, check_same_device, check_tensor, check_topk_width, fail
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.reference._common import FLOATS, dim, dtype_of, randn, scalar
 
 

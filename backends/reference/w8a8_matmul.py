@@ -14,8 +14,8 @@ import torch
 
 from backends.argcheck import check_epilogue, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
+from backends.contract.decl import OpDecl
 from backends.counters import reference_op
-from backends.decl import OpDecl
 from backends.reference._common import FLOATS, TDTYPE, dim, dtype_of, int8, randn, rows_by_cols
 
 

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import torch
 
-from backends.ops import OP_NAMES, OPS
+from backends.contract.ops import OP_NAMES, OPS
 from conformance.case import SUITE_SETS, Case
 
 

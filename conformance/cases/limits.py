@@ -1,4 +1,4 @@
-"""`limits/` cases, generated from a backend's declared limits (`backends.limits.Limit`).
+"""`limits/` cases, generated from a backend's declared limits (`backends.contract.limits.Limit`).
 
 For every limit: one case with the quantity AT its bound (the backend claims it: it must pass against
 the reference) and one JUST PAST it (the backend must decline it with NotSupported; for a `route`
@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from backends.limits import Limit
-from backends.ops import OPS
+from backends.contract.limits import Limit
+from backends.contract.ops import OPS
 from conformance.case import Case, Output
 
 #: elements a generated input may have (a CPU run of the suite must stay small)

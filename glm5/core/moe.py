@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from backends import Backend, moe
+from backends import Backend
+from backends.moe import dispatch as moe
 from glm5.core.config import GLM5Config
 from glm5.core.layers import MLP
 

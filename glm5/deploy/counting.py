@@ -26,7 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from backends import expert_dispatch, library
+from backends.contract import library
+from backends.moe import expert_parallel as expert_dispatch
 from glm5.parallel.group import Group, fixed_order_all_reduce, fixed_order_reduce_scatter
 
 _aten = torch.ops.aten
@@ -160,7 +161,7 @@ class Counted:
 
 
 class _BalancedSteps:
-    """The reference dispatch steps (backends/expert_dispatch.py) with the split sizes a fake run cannot
+    """The reference dispatch steps (backends/moe/expert_parallel.py) with the split sizes a fake run cannot
     read answered as balanced routing: every rank sends each rank an equal share of its T k pairs (the
     remainder, where N does not divide them, one pair each to the ranks after the sender's)."""
 

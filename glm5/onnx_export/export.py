@@ -2,7 +2,7 @@
 whose DSA, routing and expert ops are calls to the `glm5` ONNX functions (docs/onnx.md).
 
 The model is traced on its own backend by `torch.onnx.export(dynamo=True)`: every contract op is one
-`torch.ops.glm5.<op>` custom-op node (backends/library.py), which the translation table
+`torch.ops.glm5.<op>` custom-op node (backends/contract/library.py), which the translation table
 (glm5/onnx_export/translation.py) maps to its glm5 function; the model then carries the function
 definitions (model-local functions, checked by `onnx.checker`). Shapes are static (one B and S per
 export: vendor compilers want them static, and the layout is built from them). `--inline` writes the

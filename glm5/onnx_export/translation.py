@@ -1,5 +1,6 @@
-"""The glm5 custom ops (`torch.ops.glm5.<op>`, backends/library.py) as calls to the `glm5` ONNX functions
-(backends/onnxruntime/functions/): the `custom_translation_table` of `torch.onnx.export(dynamo=True)`.
+"""The glm5 custom ops (`torch.ops.glm5.<op>`, backends/contract/library.py) as calls to the `glm5` ONNX
+functions (backends/onnxruntime/functions/): the `custom_translation_table` of
+`torch.onnx.export(dynamo=True)`.
 
 The model is traced on its own backend: every contract op is already one custom-op node in the exported
 program, whose arguments are the op's tensors, the SeqLayout's tensors, `max_seqlen_k` and the backend
@@ -160,8 +161,8 @@ def sort_stable(self, stable=None, dim: int = -1, descending: bool = False):
 
 
 def searchsorted(sorted_sequence, self, out_int32=False, right=False, side=None, sorter=None):
-    """aten.searchsorted.Tensor (the MoE dispatch's group offsets, backends/moe.py), which torch's ONNX
-    table lacks: the insertion point of each value is the number of sorted elements below it (at or
+    """aten.searchsorted.Tensor (the MoE dispatch's group offsets, backends/moe/dispatch.py), which torch's
+    ONNX table lacks: the insertion point of each value is the number of sorted elements below it (at or
     below it for right=True), counted over a [..., M, N] comparison."""
     if sorter is not None:
         raise ValueError("searchsorted: sorter= is not exported")

@@ -3,7 +3,7 @@
 A `Group` is one parallel dimension (tensor, expert or data parallel) of whatever engine runs the model:
 `TorchGroup` wraps a torch.distributed process group (training, tests), `glm5.vllm.parallel` wraps
 vLLM's group coordinators (serving). The plan (glm5/parallel/plan.py) and the expert dispatch
-(backends/expert_dispatch.py) only call the methods below, so the model is sharded the same way under
+(backends/moe/expert_parallel.py) only call the methods below, so the model is sharded the same way under
 both hosts.
 
 Exactness policy (SPEC 11). A sum over ranks is the host's own collective by default (torch.distributed's
@@ -23,7 +23,7 @@ trains: `enter` (identity forward, all-reduce of the gradient backward) marks wh
 activation enters a sharded computation; `reduce` (all-reduce forward, identity backward) where a
 row-parallel partial sum leaves it; `gather` concatenates shards along a dimension (backward: the
 local slice of the gradient). The expert exchange's differentiable all-to-all (backward: the reverse
-exchange) lives with the dispatch that uses it, backends/expert_dispatch.py.
+exchange) lives with the dispatch that uses it, backends/moe/expert_parallel.py.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from backends import invariant as _invariant
 from backends.interface import validation_mode
+from backends.invariant import engine as _invariant
 
 
 class Group(Protocol):
@@ -56,7 +56,7 @@ class Group(Protocol):
         each rank s, in rank order: [sum(recv), ...]. send / recv are host ints (variable splits)."""
 
     # optional: `expert_steps`, an object with `layout`, `dispatch` and `combine` as in
-    # backends/expert_dispatch.py (SPEC 11.1), for a host whose fused kernels (DeepEP, Ascend MC2) do
+    # backends/moe/expert_parallel.py (SPEC 11.1), for a host whose fused kernels (DeepEP, Ascend MC2) do
     # expert parallel's exchange; without it the plan runs the reference steps on `all_to_all`
 
 

@@ -6,7 +6,7 @@ or expert-parallel layout, batch size and prefill/decode split, on a backend tha
     with layout_invariant(model.backend):
         logits = model(ids).logits
 
-Inside, a TorchDispatchMode computes the model's own arithmetic with `backends.invariant`:
+Inside, a TorchDispatchMode computes the model's own arithmetic with `backends.invariant.engine`:
 every matrix product exactly (fixed-point integers), reductions by a fixed tree, exp / log / sigmoid / silu
 / sin / cos by fixed formulas. The backend ops read the same flag and do the same inside. A row-parallel
 linear of the plan (glm5/parallel/plan.py) calls `linear` with its split as an argument: the product
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from backends import invariant as num
+from backends.invariant import engine as num
 
 aten = torch.ops.aten
 ENV = "GLM5_LAYOUT_INVARIANT"

@@ -31,7 +31,8 @@ import re
 import torch
 from torch import nn
 
-from backends import Backend, expert_dispatch
+from backends import Backend
+from backends.moe import expert_parallel as expert_dispatch
 from glm5.core.moe import Experts
 from glm5.parallel import invariant, sequence
 from glm5.parallel.group import Group, enter, gather, reduce, reduce_scatter, scatter
@@ -205,7 +206,7 @@ class ExpertParallel(nn.Module):
     stacked tensors keep this rank's `E / size` experts, under their own names.
 
     The routed (token, slot) rows travel to the rank holding their expert and back
-    (backends/expert_dispatch.py, SPEC 11.1): each rank runs its experts on the rows routed to them
+    (backends/moe/expert_parallel.py, SPEC 11.1): each rank runs its experts on the rows routed to them
     only, and combine adds each token's slots in slot order, so the result equals the unsplit layer's
     bits wherever each expert row does (a `batch_invariant` grouped_matmul).
 

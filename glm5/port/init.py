@@ -7,7 +7,7 @@ Layout of DIR (docs/porting.md describes each file):
     README.md                      the porting steps
     glm5_NAME/__init__.py          the Backend class: ops = load_ops("glm5_NAME")
     glm5_NAME/_not_ported.py       the reason every op gives until it is ported
-    glm5_NAME/<op>.py              one module per op of backends.ops.OPS, each defining IMPL
+    glm5_NAME/<op>.py              one module per op of backends.contract.ops.OPS, each defining IMPL
     glm5_NAME/expectations.yaml    the conformance manifest (strict xfails, tolerances; each with a reason)
     tests/test_conformance.py      the conformance suite under pytest
 """
@@ -81,7 +81,7 @@ def _signature(op: str) -> str:
 def op_module(op: str, n: dict[str, str]) -> str:
     """The stub module of one op: the interface's signature, the reference's dtype axis, layouts and tie rule
     claimed (so the decline reason is "not ported yet", not "dtype not claimed"), and check= declining."""
-    from backends.ops import OPS
+    from backends.contract.ops import OPS
     from backends.reference import ReferenceBackend
 
     spec, ref = OPS[op], ReferenceBackend.ops.get(op)
@@ -113,8 +113,8 @@ def _render(template: str, n: dict[str, str], **extra: str) -> str:
 
 def ported_ops() -> list[str]:
     """The ops a stub is generated for: every op of the table that the interface exposes as a method."""
+    from backends.contract.ops import OP_NAMES
     from backends.interface import Backend
-    from backends.ops import OP_NAMES
 
     return [op for op in OP_NAMES if callable(getattr(Backend, op, None))]
 

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from backends.cache_layout import cache_kind
+from backends.contract.ops import OPS
 from backends.hooks import Hook
 from backends.layout import SeqLayout
-from backends.ops import OPS
 from backends.reference import ReferenceBackend
 
 #: the sizes of the miniature (the tiny preset's)

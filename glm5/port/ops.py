@@ -1,8 +1,8 @@
 """`glm5 ops [NAME]`: where an op lives, read from the op table and the registry, not from a written list.
 
-Derived from code objects: the spec section (`backends.ops.OPS`), the interface method, the reference's
-function and each backend's (its op table entry, unwrapped, with `inspect.getsourcefile`), the kernel
-modules an adapter imports (`kernels_*`), borrowed or not ported, and the conformance cases module.
+Derived from code objects: the spec section (`backends.contract.ops.OPS`), the interface method, the
+reference's function and each backend's (its op table entry, unwrapped, with `inspect.getsourcefile`), the
+kernel modules an adapter imports (`kernels_*`), borrowed or not ported, and the conformance cases module.
 Found by name, and said so: the spec heading (docs/spec.md), the tests and bench scripts whose file name
 names the op (the longest op name in it wins: test_indexer_topk.py is indexer_topk's, not topk's), and
 how many other files under tests/ mention it (a source checkout only; nothing here measures coverage).
@@ -64,7 +64,7 @@ def spec_heading(section: str) -> str:
 
 def op_of_file(stem: str) -> str | None:
     """The op a file name is about: the longest op name that is a run of its `_`-separated words."""
-    from backends.ops import OP_NAMES
+    from backends.contract.ops import OP_NAMES
 
     hits = [op for op in OP_NAMES if re.search(rf"(?:^|_){re.escape(op)}(?:_|$)", stem)]
     return max(hits, key=len, default=None)
@@ -118,8 +118,8 @@ def backend_rows(op: str) -> list[tuple[str, str]]:
 def describe(op: str) -> list[tuple[str, str]]:
     """(what, where) lines for one op."""
     from backends import registry
+    from backends.contract.ops import OPS
     from backends.interface import Backend
-    from backends.ops import OPS
     from conformance import cases
 
     ref = registry.loaded("reference")
@@ -142,7 +142,7 @@ def describe(op: str) -> list[tuple[str, str]]:
 
 
 def _known() -> str:
-    from backends.ops import OP_NAMES
+    from backends.contract.ops import OP_NAMES
 
     return ", ".join(OP_NAMES)
 
@@ -152,7 +152,7 @@ def _known() -> str:
 def ops_cmd(name: str | None) -> None:
     """Where op NAME lives: spec section, reference, each backend's file and kernel (or borrowed / not
     ported), conformance cases, tests, bench. Without NAME: every op of the contract."""
-    from backends.ops import OPS
+    from backends.contract.ops import OPS
 
     if name is None:
         for op, spec in OPS.items():

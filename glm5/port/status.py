@@ -2,7 +2,7 @@
 report of `glm5 conformance`, so every number matches its JSON) plus the model-level checks and the ops
 GLM-5 needs for a config and recipe (glm5/port/needs.py).
 
-A row is one op x dtype of the fixed matrix (backends.ops.OPS). Its state counts the numeric cases
+A row is one op x dtype of the fixed matrix (backends.contract.ops.OPS). Its state counts the numeric cases
 (smoke, realistic, adversarial, limits); `errors/` cases check argument validation, which is shared code of
 `backends.Backend`, so they pass even for a backend that serves nothing and are counted apart:
 
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.ops import OPS
+from backends.contract.ops import OPS
 from conformance.report import BackendRun, cell, summary
 from conformance.result import BORROWED, FAILING, PASS, RAN, SKIPPED, Result
 

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 import backends
 from backends import registry
 from backends.borrow import every_op_except
+from backends.contract.ops import OP_NAMES
 from backends.counters import REFERENCE_CALLS
 from backends.errors import NotSupported
 from backends.interface import Backend
-from backends.ops import OP_NAMES
 from conformance import cases
 from conformance.report import BackendRun, cell, summary
 from conformance.result import BORROWED, PASS, UNSUPPORTED

@@ -12,8 +12,8 @@ import backends
 from backends import Backend, NotSupported, OpCaps, OpImpl, SeqLayout
 from backends.cache_layout import cache_kind
 from backends.caps import by_kind
+from backends.contract.ops import FLOATS
 from backends.formats import index_cache_of
-from backends.ops import FLOATS
 from backends.reference.fp8_mla_cache_quant import fp8_mla_cache_quant
 from backends.reference.sparse_mla_attention import sparse_mla_attention as reference_attention
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import backends
-from backends import NotSupported, SeqLayout, library
+from backends import NotSupported, SeqLayout
 from backends.cache_layout import MLACacheLayout, MLAPools, write_rows
+from backends.contract import library
 from glm5.generate import generate
 from tests.glm5._util import make_model, random_ids
 
@@ -79,7 +80,8 @@ def test_split_pools_have_no_custom_op_and_refuse_where_one_is_needed(monkeypatc
 
     ref = backends.get("reference")
     q, kv, idx, lay = _inputs()
-    assert set(library.CUSTOM_OPS) == set(backends.ops.OPS)  # no hand-made op beside the declared ones
+    # no hand-made op beside the declared ones
+    assert set(library.CUSTOM_OPS) == set(backends.contract.ops.OPS)
     with Passthrough():  # the one-tensor cache takes the custom op there, the pools the implementation
         want = ref.sparse_mla_attention(q, kv, idx, lay, 0.1, C)[0]
         assert torch.equal(ref.sparse_mla_attention(q, _pools(kv), idx, lay, 0.1, C)[0], want)

@@ -1,5 +1,5 @@
-"""One declaration per op (backends/decl.py, in backends/reference/<op>.py): what is derived from it is
-checked against it (the custom ops' schemas, the typed interface, the reference, the limit table, the op
+"""One declaration per op (backends/contract/decl.py, in backends/reference/<op>.py): what is derived from it
+is checked against it (the custom ops' schemas, the typed interface, the reference, the limit table, the op
 table), and opcheck runs over every op's declared samples."""
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import pytest
 import torch
 
 import backends
-from backends import SeqLayout, library
-from backends.decl import SHARDING, OpDecl, check_interface
+from backends import SeqLayout
+from backends.contract import library
+from backends.contract.decl import SHARDING, OpDecl, check_interface
+from backends.contract.limits import QUANTITIES, quantities
+from backends.contract.ops import OPS
 from backends.interface import Backend
-from backends.limits import QUANTITIES, quantities
-from backends.ops import OPS
 
 #: the public surface `torch.ops.glm5.<op>` (graphs, exported programs and the ONNX translation depend
 #: on it): what the hand-written registrations had, before the schemas were generated

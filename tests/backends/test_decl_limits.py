@@ -11,14 +11,16 @@ import torch
 
 import backends
 from backends.caps import OpCaps
-from backends.limits import Limit
-from backends.ops import FLOATS, OPS
+from backends.contract.limits import Limit
+from backends.contract.ops import FLOATS, OPS
 from conformance.cases import cases
 from conformance.cases.limits import limit_cases
 
 
 def test_a_free_text_limit_is_refused_at_load():
-    with pytest.raises(ValueError, match=r"limits: expected backends.limits.Limit entries, got free text"):
+    with pytest.raises(
+        ValueError, match=r"limits: expected backends.contract.limits.Limit entries, got free text"
+    ):
         OpCaps(FLOATS, limits={"group_size": "<= 4096"})
     assert OpCaps(FLOATS, notes={"GPU": "sm_89+"}).limits == ()
 

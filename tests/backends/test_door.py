@@ -1,6 +1,6 @@
-"""The front door is built once per op (backends/door.py): a plain eager call reaches the implementation
-in at most five Python frames (bench/walk_call.py counts them), and the door follows changes of the
-hooks and of the validation mode."""
+"""The front door is built once per op (backends/contract/door.py): a plain eager call reaches the
+implementation in at most five Python frames (bench/walk_call.py counts them), and the door follows changes of
+the hooks and of the validation mode."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Expert dispatch and combine (backends/expert_dispatch.py, SPEC 11.1) on 2 gloo ranks, each with its own
-tokens, against the unsplit layer (backends/moe.py + the reference grouped_matmul) on the same tokens:
-bitwise in both modes, drops counted on overflow, gradients of the tokens, the routing weights and the
+"""Expert dispatch and combine (backends/moe/expert_parallel.py, SPEC 11.1) on 2 gloo ranks, each with its own
+tokens, against the unsplit layer (backends/moe/dispatch.py + the reference grouped_matmul) on the same
+tokens: bitwise in both modes, drops counted on overflow, gradients of the tokens, the routing weights and the
 experts."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends import expert_dispatch, moe
+from backends.moe import dispatch as moe
+from backends.moe import expert_parallel as expert_dispatch
 from backends.reference.grouped_matmul import grouped_matmul
 from tests.ranks import run_ranks
 

@@ -18,8 +18,8 @@ import torch
 import backends
 from backends import Backend, BackendUnavailable, NotSupported, OpCaps, OpImpl, SeqLayout, registry
 from backends.caps import CACHE_KINDS
+from backends.contract.ops import OPS
 from backends.counters import REFERENCE_CALLS
-from backends.ops import OPS
 from backends.reference.w4a8_matmul import pack_int4
 from tests.backends.reference._fp8_samples import FP8_OUT_DTYPE
 

@@ -368,7 +368,7 @@ VALUE_ONLY = [
 def test_value_checks_run_only_in_values_mode(op, over, monkeypatch):
     """The hot path reads no tensor values: a values-only fault passes the default front door (the op
     then computes garbage, as a kernel would) and is caught under GLM5_VALIDATE=values."""
-    from backends.ops import OPS
+    from backends.contract.ops import OPS
 
     args = base(op) | over
     reads = []

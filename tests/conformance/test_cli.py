@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 from click.testing import CliRunner
 
-from backends.ops import OPS
+from backends.contract.ops import OPS
 from conformance.cli import conformance
 
 

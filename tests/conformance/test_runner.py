@@ -7,7 +7,7 @@ import zlib
 import pytest
 
 import backends
-from backends.ops import OPS
+from backends.contract.ops import OPS
 from conformance import cases
 from conformance.case import SUITES
 from conformance.result import FAIL, PASS, UNSUPPORTED
@@ -121,8 +121,8 @@ def test_limit_cases_at_the_bound_pass_and_past_it_are_declined():
     and one at k=41 (must raise NotSupported); one that lies about its bound fails."""
     import backends
     from backends.caps import OpCaps, OpImpl
-    from backends.limits import Limit
-    from backends.ops import FLOATS
+    from backends.contract.limits import Limit
+    from backends.contract.ops import FLOATS
     from backends.reference.topk import topk as ref_topk
 
     bound = (Limit("k", max=40, reason="test"),)
@@ -154,7 +154,7 @@ def test_a_backend_that_computes_nothing_is_not_ok():
     backend look ported: every computing case unsupported -> 'unsupported' cells and a failing exit."""
     import backends
     from backends.caps import OpCaps, OpImpl
-    from backends.ops import FLOATS
+    from backends.contract.ops import FLOATS
     from conformance.report import BackendRun, cell, exit_code
 
     class Stub(backends.Backend):

@@ -41,11 +41,11 @@ def _with_draft(model, ids, invariant: bool):
 
 
 class _Capacities:
-    """The reference's dispatch steps (backends/expert_dispatch.py) as a host's `expert_steps`, recording
+    """The reference's dispatch steps (backends/moe/expert_parallel.py) as a host's `expert_steps`, recording
     each dispatch's capacity (None: the contiguous mode), so a test sees which mode ran."""
 
     def __init__(self) -> None:
-        from backends import expert_dispatch
+        from backends.moe import expert_parallel as expert_dispatch
 
         self.ref, self.seen = expert_dispatch, set()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from backends import invariant as num
+from backends.invariant import engine as num
 from glm5.parallel.group import Single
 from glm5.parallel.invariant import RowSplit, layout_invariant, linear
 

@@ -1,4 +1,4 @@
-"""The integer products of the layout-invariant mode (backends/invariant_gemm.py, SPEC 12): int8 digits that
+"""The integer products of the layout-invariant mode (backends/invariant/gemm.py, SPEC 12): int8 digits that
 rebuild the grid, the three exact GEMMs (int8 digit products, fp64, plain int64) giving the same integers
 at GLM-5's widths and at the grid's extremes, the one rounding done in integers, and the error against
 the exact product inside the tolerance the normal mode's conformance uses for each op."""
@@ -11,8 +11,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from backends import invariant as num
-from backends import invariant_gemm as gemm
+from backends.invariant import engine as num
+from backends.invariant import gemm
 from conformance.comparators import COMPARATORS
 from conformance.compare import Context
 

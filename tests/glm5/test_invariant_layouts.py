@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from backends.invariant_gemm import GEMM_ENV
+from backends.invariant.gemm import GEMM_ENV
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel import plan
@@ -151,7 +151,7 @@ def test_tp4_is_the_unsplit_bits():
 
 _CHILD = """
 import hashlib, torch
-from backends.invariant_gemm import ENGINE
+from backends.invariant.gemm import ENGINE
 from tests.glm5.test_invariant_layouts import _model, _ids, _forward
 h = hashlib.sha256()
 for be in ("reference", "cpu"):

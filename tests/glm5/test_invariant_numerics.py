@@ -1,4 +1,4 @@
-"""The arithmetic of the layout-invariant mode (backends/invariant.py, SPEC 12): exact products
+"""The arithmetic of the layout-invariant mode (backends/invariant/engine.py, SPEC 12): exact products
 under any K split, row subset or transpose; the stated precision; formula transcendentals within a few
 ulp of torch and independent of an element's position; the fixed tree."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from backends import invariant as num
+from backends.invariant import engine as num
 from glm5.parallel.invariant import layout_invariant
 
 

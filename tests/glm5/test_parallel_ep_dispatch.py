@@ -103,7 +103,7 @@ class _Steps:
     """A host's own steps (as a DeepEP / MC2 host would give): the reference's, counted."""
 
     def __init__(self) -> None:
-        from backends import expert_dispatch
+        from backends.moe import expert_parallel as expert_dispatch
 
         self.ref, self.calls, self.capacities = expert_dispatch, [], []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from backends import invariant
+from backends.invariant import engine as invariant
 from glm5.parallel.group import Single, TorchGroup, exact_sums, sum_in_rank_order
 from tests.ranks import run_ranks
 

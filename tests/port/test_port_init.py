@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from backends.ops import OPS
+from backends.contract.ops import OPS
 from conformance.report import BackendRun
 from conformance.result import PASS, UNSUPPORTED, Result
 from glm5.port import status

@@ -52,7 +52,7 @@ def test_row_reasons_and_counts_apart_from_validation():
 
 
 def test_rows_cover_the_whole_matrix():
-    from backends.ops import OPS
+    from backends.contract.ops import OPS
 
     table = status.rows(BackendRun("x", {}, [_r("smoke/a", PASS)]))
     assert len(table) == sum(len(s.dtype_axis) for s in OPS.values())

@@ -9,7 +9,7 @@ import torch
 
 from backends import Backend
 from backends.caps import OpCaps, OpImpl
-from backends.ops import FLOATS
+from backends.contract.ops import FLOATS
 
 
 def indexer_logits(q, k_cache, weights, layout):

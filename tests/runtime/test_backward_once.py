@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import backends
-from backends import custom_op, door
 from backends.caps import OpCaps, OpImpl
-from backends.ops import FLOATS
+from backends.contract import custom_op, door
+from backends.contract.ops import FLOATS
 from tests.backends.reference._cases import pack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import backends
-from backends import library
+from backends.contract import library
 
 
 def _names() -> list[str]:

@@ -15,8 +15,8 @@ import platform
 import torch
 
 from backends.borrow import every_op_except
+from backends.contract.table import load_ops
 from backends.interface import Backend
-from backends.table import load_ops
 
 
 class DayoneBackend(Backend):

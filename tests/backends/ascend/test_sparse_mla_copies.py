@@ -133,7 +133,7 @@ def test_pa_bsnd_takes_a_two_pool_cache_and_rejects_the_strided_views(backend, r
 def test_opcheck_on_the_operator_route(backend, return_lse):
     """The custom op's registration (fake, schema, AOT dispatch) holds on the operator route too (the
     runtime opcheck sample is fp32 / d_qk=40, which takes the kernel)."""
-    from backends import library
+    from backends.contract import library
 
     q, kv, idx, lay = _decode([2304, 2100], topk=256, q_lens=[2, 1])
     args = dict(q=q, kv_cache=kv, indices=idx, layout=lay, sm_scale=0.0625, d_v=512, return_lse=return_lse)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends import invariant as num
-from backends import invariant_gemm as gemm
+from backends.invariant import engine as num
+from backends.invariant import gemm
 from kernels_cuda.invariant_gemm import digit_product
 
 

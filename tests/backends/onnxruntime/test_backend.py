@@ -11,7 +11,7 @@ import torch
 
 import backends
 from backends import NotSupported, SeqLayout
-from backends.ops import OP_NAMES
+from backends.contract.ops import OP_NAMES
 
 
 def test_registered_and_available(be):

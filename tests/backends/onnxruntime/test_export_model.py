@@ -103,8 +103,9 @@ def test_stable_argsort_exports_as_a_stable_topk():
 
 @pytest.mark.parametrize("right", [False, True])
 def test_searchsorted_exports_as_a_count_of_smaller_keys(right):
-    """The MoE dispatch finds each expert's first sorted row with searchsorted (backends/moe.py), which
-    torch's ONNX table lacks; the export counts the sorted keys below each value (at or below: right)."""
+    """The MoE dispatch finds each expert's first sorted row with searchsorted (backends/moe/dispatch.py),
+    which torch's ONNX table lacks; the export counts the sorted keys below each value (at or below:
+    right)."""
 
     class Search(torch.nn.Module):
         def forward(self, keys, bounds):

@@ -10,7 +10,8 @@ door then does, per call, only what depends on the arguments:
 - let the hooks (backends/hooks.py) override or observe the call;
 - raise `NotSupported` with every reason the capabilities give;
 - call the implementation directly when nothing traces and no gradient is wanted (plain eager), else the
-  op's custom op `torch.ops.glm5.<op>` (backends/library.py), which compilers, export and autograd see.
+  op's custom op `torch.ops.glm5.<op>` (backends/contract/library.py), which compilers, export and autograd
+  see.
 A plain eager call walks four Python frames from the model's call to the implementation (`Backend.<op>`,
 the door, its serve, the implementation; bench/walk_call.py counts them).
 """
@@ -24,13 +25,13 @@ import torch
 from torch.overrides import has_torch_function
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from backends import library
 from backends.cache_layout import MLAPools, arg_tensors, cache_kind
 from backends.caps import OpImpl
+from backends.contract import library
+from backends.contract.ops import OPS, OpSpec
 from backends.errors import NotSupported
 from backends.hooks import call_hooked
 from backends.layout import SeqLayout
-from backends.ops import OPS, OpSpec
 from backends.shadow import shadow_check
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 
 import backends.reference
-from backends.decl import OpDecl
+from backends.contract.decl import OpDecl
 from backends.reference._common import FLOATS, FP8, dtype_name
 
 __all__ = ["FLOATS", "FP8", "OPS", "OP_NAMES", "OpSpec", "dtype_name"]
@@ -27,7 +27,8 @@ def _section_key(d: OpDecl) -> tuple[int, ...]:
 def _load() -> dict[str, OpDecl]:
     """Every `backends/reference/<op>.py`'s `DECL`, in spec-section order (2.1 ... 2.10, then 7.x). The
     reference package imports nothing at load and its op modules import only the leaves of the table
-    (backends/decl.py, reference/_common.py, backends/argcheck.py), so reading them here makes no cycle."""
+    (backends/contract/decl.py, reference/_common.py, backends/argcheck.py), so reading them here makes no
+    cycle."""
     found: list[OpDecl] = []
     for m in pkgutil.iter_modules(backends.reference.__path__):
         if m.name.startswith("_") or m.name == "backend":

@@ -1,6 +1,6 @@
 """The typed methods of the ops of SPEC 2, a mixin of `backends.interface.Backend` (users call
 `backend.sparse_mla_attention(...)` with IDE help): each passes its named arguments to the front door
-(its door, `Backend._doors[op]`, backends/door.py). Their signatures are checked against the ops'
+(its door, `Backend._doors[op]`, backends/contract/door.py). Their signatures are checked against the ops'
 declarations (backends/reference/<op>.py) when `backends.interface` is imported.
 """
 

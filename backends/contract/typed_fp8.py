@@ -1,5 +1,5 @@
 """The FP8 ops of the backend interface (SPEC 7), a mixin of `backends.interface.Backend`: the same
-front door (backends/door.py: validation, capabilities, NotSupported with every reason, custom op).
+front door (backends/contract/door.py: validation, capabilities, NotSupported with every reason, custom op).
 
 A backend serves them where an FP8 datapath exists (Hopper-class NVIDIA GPUs: e4m3 tensor-core dots);
 the table convention leaves an op out, or declares it with the reason it cannot run (Ascend A2/A3).

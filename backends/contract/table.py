@@ -2,7 +2,7 @@
 
 A backend is a package `backends/<name>/` (or a plugin's own package) with one module per op,
 `<package>.<op>`, each defining `IMPL: OpImpl | None`. `load_ops(package)` builds the table in the
-order of `backends.ops.OPS` and checks that every implementation takes exactly the op's declared
+order of `backends.contract.ops.OPS` and checks that every implementation takes exactly the op's declared
 argument names, so a drifted signature fails at import, not deep inside a conformance case.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from backends.caps import OpImpl
-from backends.limits import check_quantities
-from backends.ops import OP_NAMES, OPS
+from backends.contract.limits import check_quantities
+from backends.contract.ops import OP_NAMES, OPS
 
 
 def interface_parameters(op: str) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ Quantity = Callable[[dict[str, Any]], int | None]
 def quantities(op: str) -> Mapping[str, Quantity]:
     """quantity -> how to measure it on `op`'s interface arguments (no host reads): its declaration's
     (read when first asked: the op modules that declare them build their limits with this module)."""
-    from backends.ops import OPS
+    from backends.contract.ops import OPS
 
     d = OPS.get(op)
     return {} if d is None else d.quantities
@@ -27,7 +27,7 @@ def quantities(op: str) -> Mapping[str, Quantity]:
 
 def __getattr__(name: str) -> Any:
     if name == "QUANTITIES":  # op -> quantity -> measure, every op's
-        from backends.ops import OPS
+        from backends.contract.ops import OPS
 
         return {op: d.quantities for op, d in OPS.items()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

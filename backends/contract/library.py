@@ -7,10 +7,10 @@ backend instance named by the op's last argument (`Backend.key`), so one registr
 backend, built-in or plugin.
 
 Every op, its fake, its autograd and its `<op>_backward` op are generated from the op's declaration
-(backends/reference/<op>.py, by backends/decl_torch.py).
+(backends/reference/<op>.py, by backends/contract/torch_op.py).
 Every cache kind takes the same op: one tensor (float rows, or FP8 rows whose kind picks the backend's FP8
-kernel); split pools, an inference cache of two tensors, never reach a custom op (backends/door.py: the
-implementation serves them directly).
+kernel); split pools, an inference cache of two tensors, never reach a custom op (backends/contract/door.py:
+the implementation serves them directly).
 
 Semantics of every op: backends/reference/<op>.py (docs/spec.md sections 2 and 7).
 """
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.decl_torch import register
-from backends.ops import OPS
+from backends.contract.ops import OPS
+from backends.contract.torch_op import register
 
 #: op name -> the custom op (torch.ops.glm5.<op>)
 CUSTOM_OPS = {name: register(d) for name, d in OPS.items()}

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.moe import Dispatch
+from backends.moe.dispatch import Dispatch
 
 
 class _Exchange(torch.autograd.Function):

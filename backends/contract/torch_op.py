@@ -1,9 +1,9 @@
-"""An op declaration (backends/decl.py) as a torch custom op: `torch.ops.glm5.<op>`, its fake, and for a
-differentiable op its autograd and its `<op>_backward` op, all generated from the declaration.
+"""An op declaration (backends/contract/decl.py) as a torch custom op: `torch.ops.glm5.<op>`, its fake, and
+for a differentiable op its autograd and its `<op>_backward` op, all generated from the declaration.
 
 The schema is the declared signature's (`OpDecl.schema`, a SeqLayout flattened to its tensors and
 `max_seqlen_k`, the backend key last) and is checked against what torch registered. The real
-implementation dispatches to the backend instance named by the key (backends/custom_op.py); an output
+implementation dispatches to the backend instance named by the key (backends/contract/custom_op.py); an output
 the arguments did not ask for (sparse attention's lse under return_lse=False) crosses the boundary as an
 empty [0] float32 tensor, since a schema has no optional outputs.
 
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from backends.custom_op import NAMESPACE, _run, instance, no_alias, run_backward
-from backends.decl import OpDecl
+from backends.contract.custom_op import NAMESPACE, _run, instance, no_alias, run_backward
+from backends.contract.decl import OpDecl
 
 
 def _placeholders(like: Tensor, outs: Any, n: int) -> Any:

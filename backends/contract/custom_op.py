@@ -1,5 +1,5 @@
-"""What every `torch.ops.glm5.<op>` custom op runs on (backends/decl_torch.py registers them): the registry
-of live backend instances the ops reach by key, the no-aliasing rule for outputs, and the call of a
+"""What every `torch.ops.glm5.<op>` custom op runs on (backends/contract/torch_op.py registers them): the
+registry of live backend instances the ops reach by key, the no-aliasing rule for outputs, and the call of a
 backend's declared backward (`OpImpl.backward`).
 """
 

@@ -6,13 +6,14 @@ the validators' vocabulary: `backends/argcheck.py`): its typed signature, its fa
 which arguments gradients flow to, its dtype axis, validators, limit quantities, a small sample-input
 generator, how it sees a sharded model (SPEC 11) and its spec section. Everything else is derived from
 that table:
-- `backends.ops.OPS` (the op table the front door and the conformance matrix read) is the table itself;
-- `backends.limits.QUANTITIES` is each declaration's `quantities`;
+- `backends.contract.ops.OPS` (the op table the front door and the conformance matrix read) is the table
+itself;
+- `backends.contract.limits.QUANTITIES` is each declaration's `quantities`;
 - the custom op `torch.ops.glm5.<op>`, its fake, its autograd and its `<op>_backward` op
-  (backends/decl_torch.py), with the schema generated from the signature here;
+  (backends/contract/torch_op.py), with the schema generated from the signature here;
 - opcheck's samples and each op's first conformance smoke case (`decl/sample`);
 - the typed `Backend.<op>` methods stay hand-written (users get IDE help) and are checked against the
-  signature at import (`check_interface`), as every backend's implementation is (backends/table.py).
+  signature at import (`check_interface`), as every backend's implementation is (backends/contract/table.py).
 """
 
 from __future__ import annotations
