@@ -2,7 +2,7 @@
 
 Input: the grid values of A and B as S signed int8 digits of `slice_bits` bits each, most significant
 first (a = sum_i d_i 2^(slice_bits (S - 1 - i))): A's digits [S, Bt, M, K], B's stacked on N and
-transposed [Bt, S N, K] (digit j of column n is row j N + n; backends/invariant_gemm.b_form's int8 form).
+transposed [Bt, S N, K] (digit j of column n is row j N + n; backends/invariant/gemm.b_form's int8 form).
 Output: P = A B exactly, int64 [Bt, M, N].
 
 One program computes a BLOCK_M x BLOCK_N tile of one batch entry (programs in GROUP_M-row bands, so
@@ -121,7 +121,7 @@ def digit_product(a_digits: torch.Tensor, b_digits: torch.Tensor, slice_bits: in
     every digit |d| <= 2^(slice_bits - 1) -> int64 [Bt, M, N]: sum over the digit pairs (i, j) of
     (A_i B_j) 2^(slice_bits (2 S - 2 - i - j)), exactly (the caller keeps |P| < 2^63).
 
-    Semantics: backends/invariant_gemm.int_product (SPEC 12, "int8 digits")
+    Semantics: backends/invariant/gemm.int_product (SPEC 12, "int8 digits")
     """
     if a_digits.dtype != torch.int8 or b_digits.dtype != torch.int8:
         raise ValueError(f"digits: expected int8, got {a_digits.dtype} and {b_digits.dtype}")

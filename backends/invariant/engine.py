@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from backends.invariant_gemm import (  # noqa: F401  (grid_bits ... scaled: this module's public names too)
+from backends.invariant.gemm import (  # noqa: F401  (grid_bits ... scaled: this module's public names too)
     ENGINE,
     b_form,
     engine_for,
