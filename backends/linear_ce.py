@@ -75,3 +75,43 @@ def row_chunks(chunk_elems: int, multiple: int = 1) -> Callable[[int, int], Iter
         return [slice(a, min(a + step, n)) for a in range(0, n, step)]
 
     return chunks
+
+
+def shard_forward(
+    kernels: LinearCEKernels,
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_start: int,
+    ignore_index: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`linear_cross_entropy_shard`'s outputs (max, sum of exponentials, target logit; fp32 [N] each) in
+    row chunks; here `kernels.forward(h_r, weight, targets_r, vocab_start, ignore_index)` -> the three."""
+    hc, wc = kernels.cast(h, weight) if kernels.cast else (h, weight)
+    n, v = h.shape[0], weight.shape[0]
+    out = tuple(torch.empty(n, dtype=torch.float32, device=h.device) for _ in range(3))  # no aliasing
+    for r in kernels.chunks(n, v):
+        for o, x in zip(out, kernels.forward(hc[r], wc, targets[r], vocab_start, ignore_index)):
+            o[r] = x
+    return out
+
+
+def shard_backward(
+    kernels: LinearCEKernels, args: dict[str, Any], outputs: tuple, grad_outputs: tuple
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d h, d weight) of `linear_cross_entropy_shard` from the saved max and the gradients of the sum of
+    exponentials and of the target logit (the max carries none); here
+    `kernels.backward(h_r, weight, targets_r, vocab_start, ignore_index, max_r, d sumexp_r, d target_r)`."""
+    h, weight, targets = args["h"], args["weight"], args["targets"]
+    vocab_start, ignore_index = args["vocab_start"], args["ignore_index"]
+    m = outputs[0]
+    zeros = torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
+    gs, gt = (zeros if g is None else g.float() for g in grad_outputs[1:3])
+    hc, wc = kernels.cast(h, weight) if kernels.cast else (h, weight)
+    grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
+    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device)
+    for r in kernels.chunks(h.shape[0], weight.shape[0]):
+        dh, dw = kernels.backward(hc[r], wc, targets[r], vocab_start, ignore_index, m[r], gs[r], gt[r])
+        grad_h[r] = dh
+        grad_w += dw
+    return grad_h.to(h.dtype), grad_w.to(weight.dtype)

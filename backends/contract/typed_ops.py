@@ -187,6 +187,32 @@ class ContractOps:
             {"h": h, "weight": weight, "targets": targets, "ignore_index": ignore_index},
         )
 
+    def linear_cross_entropy_shard(
+        self,
+        h: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        vocab_start: int = 0,
+        ignore_index: int = -100,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One vocabulary shard's per-row statistics of h @ weight^T (SPEC 2.9.1), in sequence chunks.
+
+        h: [N, D] float; weight: [V, D] float, the vocabulary rows from vocab_start; targets: int64/int32
+        [N] global ids. Returns (max, sumexp, target logit), fp32 [N] each: the row max of the shard's
+        logits, sum(exp(logits - max)), and the target's logit (0 where it is ignore_index or outside the
+        shard). Differentiable in h and weight through sumexp and the target logit (max is a shift).
+        Semantics: backends/reference/linear_cross_entropy_shard.py (SPEC 2.9.1)
+        """
+        return self._doors["linear_cross_entropy_shard"](
+            {
+                "h": h,
+                "weight": weight,
+                "targets": targets,
+                "vocab_start": vocab_start,
+                "ignore_index": ignore_index,
+            },
+        )
+
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU's activation on a fused gate-up projection (SPEC 2.10): x [M, 2N] float = [gate | up]
         -> silu(gate) * up [M, N], dtype of x; differentiable in x.

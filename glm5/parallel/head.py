@@ -11,8 +11,9 @@ from glm5.parallel.group import Group, enter
 
 class VocabParallelHead(LMHead):
     """`lm_head` holding this rank's vocabulary rows. Its forward gives the local logits (the plan's hook
-    gathers them); `loss` computes the chunked projection + cross-entropy on the split vocabulary, whose
-    log-sum-exp is combined over the group, so no rank ever holds the [N, V] logits or the full weight."""
+    gathers them); `loss` computes the chunked projection + cross-entropy on the split vocabulary (the
+    step's backend's `linear_cross_entropy_shard` per rank), whose log-sum-exp is combined over the
+    group, so no rank ever holds the [N, V] logits or the full weight."""
 
     group: Group
 
@@ -21,5 +22,5 @@ class VocabParallelHead(LMHead):
 
         start = self.group.rank * self.weight.shape[0]
         return vocab_parallel_linear_cross_entropy(
-            enter(h, self.group), self.weight, targets, self.group, start
+            enter(h, self.group), self.weight, targets, self.group, start, step.backend
         )

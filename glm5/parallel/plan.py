@@ -310,7 +310,7 @@ class VocabParallelEmbedding(nn.Module):
 
 def _vocab_head(head: nn.Module, group: Group) -> None:
     """lm_head split by vocabulary rows: logits gathered in rank order; the loss on the split vocabulary
-    (glm5/parallel/vocab.py: per-rank chunks, the log-sum-exp combined over the group)."""
+    (glm5/parallel/vocab.py: the backend's per-shard statistics, combined over the group)."""
     from glm5.parallel.head import VocabParallelHead
 
     _split_linear(head, "vocab", 0, group)

@@ -327,6 +327,7 @@ OUT_DTYPE = {
     "w4a8_matmul": lambda dt: FLOAT_DT[dt],
     "grouped_matmul": lambda dt: FLOAT_DT.get(dt, torch.bfloat16),
     "linear_cross_entropy": lambda dt: torch.float32,
+    "linear_cross_entropy_shard": lambda dt: torch.float32,
     "silu_and_mul": lambda dt: FLOAT_DT[dt],
 }
 OUT_DTYPE.update(FP8_OUT_DTYPE)

@@ -1,5 +1,6 @@
-"""The chunked projection + cross-entropy on a vocabulary split over ranks (glm5/parallel/vocab.py) against
-the reference backend's `linear_cross_entropy` on the full weight.
+"""The chunked projection + cross-entropy on a vocabulary split over ranks (glm5/parallel/vocab.py, through
+each rank's backend's `linear_cross_entropy_shard`) against the reference backend's `linear_cross_entropy`
+on the full weight.
 
 Tolerance (fp32): the loss within 1e-6 relative, every gradient element within 1e-6 of that gradient's
 largest element: the split log-sum-exp (max and sum of exponentials combined over ranks) rounds
@@ -8,12 +9,14 @@ differently from one logsumexp.
 
 from __future__ import annotations
 
+import functools
 import math
 
+import pytest
 import torch
 
 import backends
-from glm5.parallel import vocab
+from backends.reference import linear_cross_entropy_shard as shard_ref
 from glm5.parallel.group import Single, TorchGroup, enter
 from glm5.parallel.vocab import vocab_parallel_linear_cross_entropy
 from tests.ranks import run_ranks
@@ -42,6 +45,7 @@ def _case(name: str):
 
 
 CASES = ("mixed", "all-ignored")
+BACKENDS = ("reference", "cpu")
 
 
 def _reference(name: str):
@@ -54,25 +58,37 @@ def _reference(name: str):
 
 
 def _sharded(rank: int, world: int) -> dict:
-    vocab.CHUNK_ELEMS = 4 * (V // world)  # 4 rows per chunk: several chunks, a short last one
+    # the reference op's chunks: 4 rows each, several chunks and a short last one
+    shard_ref._CHUNK_ELEMS = 4 * (V // world)
     group = TorchGroup()
     out = {}
-    for name in CASES:
-        h, w, t = _case(name)
-        width = V // world
-        shard = w[rank * width : (rank + 1) * width].clone().requires_grad_(True)
-        h.requires_grad_(True)
-        loss = vocab_parallel_linear_cross_entropy(enter(h, group), shard, t, group, rank * width)
-        (1.5 * loss).backward()
-        out[name] = tuple(x.detach().numpy() for x in (loss, h.grad, shard.grad))
+    for bname in BACKENDS:
+        backend = backends.get(bname)
+        backend.calls.clear()
+        for name in CASES:
+            h, w, t = _case(name)
+            width = V // world
+            shard = w[rank * width : (rank + 1) * width].clone().requires_grad_(True)
+            h.requires_grad_(True)
+            loss = vocab_parallel_linear_cross_entropy(
+                enter(h, group), shard, t, group, rank * width, backend
+            )
+            (1.5 * loss).backward()
+            out[bname, name] = tuple(x.detach().numpy() for x in (loss, h.grad, shard.grad))
+        out[bname, "calls"] = dict(backend.calls)
     return out  # numpy arrays: pickled by value, not as shared memory a finished rank takes with it
 
 
-def test_two_ranks_match_the_full_vocabulary_reference():
-    per_rank = run_ranks(_sharded, 2)
+@pytest.mark.parametrize("bname", BACKENDS)
+def test_two_ranks_match_the_full_vocabulary_reference(bname):
+    per_rank = _two_ranks()
+    for r in per_rank:  # the backend's op ran, forward and declared backward, once per loss
+        calls = r[bname, "calls"]
+        assert calls["linear_cross_entropy_shard"] == len(CASES), calls
+        assert calls["linear_cross_entropy_shard.backward"] == len(CASES), calls
     for name in CASES:
         ref_loss, ref_dh, ref_dw = _reference(name)
-        (l0, dh0, dw0), (l1, dh1, dw1) = (tuple(map(torch.from_numpy, r[name])) for r in per_rank)
+        (l0, dh0, dw0), (l1, dh1, dw1) = (tuple(map(torch.from_numpy, r[bname, name])) for r in per_rank)
         assert torch.equal(l0, l1) or (l0.isnan() and l1.isnan())  # the same bits on every rank
         assert torch.equal(dh0, dh1)
         if name == "all-ignored":
@@ -84,14 +100,20 @@ def test_two_ranks_match_the_full_vocabulary_reference():
         _close(torch.cat([dw0, dw1]), ref_dw)
 
 
+@functools.cache
+def _two_ranks() -> list:
+    return run_ranks(_sharded, 2)
+
+
 def test_single_group_matches_the_reference(monkeypatch):
-    monkeypatch.setattr(vocab, "CHUNK_ELEMS", 5 * V)
+    monkeypatch.setattr(shard_ref, "_CHUNK_ELEMS", 5 * V)
+    ref = backends.get("reference")
     for name in CASES:
         ref_loss, ref_dh, ref_dw = _reference(name)
         h, w, t = _case(name)
         h.requires_grad_(True)
         w.requires_grad_(True)
-        loss = vocab_parallel_linear_cross_entropy(h, w, t, Single(), 0)
+        loss = vocab_parallel_linear_cross_entropy(h, w, t, Single(), 0, ref)
         (1.5 * loss).backward()
         if name == "all-ignored":
             assert loss.isnan() and not h.grad.any() and not w.grad.any()
@@ -104,13 +126,14 @@ def test_single_group_matches_the_reference(monkeypatch):
 def test_a_target_outside_every_shard_is_nan_not_a_silent_loss():
     h, w, t = _case("mixed")
     t[0] = V  # past the last row: no rank owns it
-    assert vocab_parallel_linear_cross_entropy(h, w, t, Single(), 0).isnan()
+    ref = backends.get("reference")
+    assert vocab_parallel_linear_cross_entropy(h, w, t, Single(), 0, ref).isnan()
 
 
 def test_shapes_are_checked_in_one_line():
     h, w, t = _case("mixed")
     try:
-        vocab_parallel_linear_cross_entropy(h, w[:, :3], t, Single(), 0)
+        vocab_parallel_linear_cross_entropy(h, w[:, :3], t, Single(), 0, backends.get("cpu"))
     except ValueError as e:
         assert "weight_shard" in str(e)
     else:
