@@ -22,9 +22,8 @@ def test_registered_and_available(be):
 
 
 def test_every_op_is_served(be):
-    # every op but the FP8 family (SPEC 7), which needs an FP8 datapath, and silu_and_mul (2.10), not
-    # ported to an ONNX function yet
-    assert set(be.ops) == {op for op in OP_NAMES if not op.startswith("fp8_") and op != "silu_and_mul"}
+    # every op but the FP8 family (SPEC 7), which needs an FP8 datapath
+    assert set(be.ops) == {op for op in OP_NAMES if not op.startswith("fp8_")}
     assert be.capabilities("topk").tie_rule == "lower_index"
     assert be.capabilities("indexer_topk").tie_rule == "lower_index"
     assert not any(be.capabilities(op).differentiable for op in be.ops)
