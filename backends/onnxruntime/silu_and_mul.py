@@ -1,7 +1,7 @@
 """onnxruntime backend: silu_and_mul -> glm5.silu_and_mul (functions/silu_and_mul.py).
 
 Inference only (no backward), as the backend's other ops: the products in fp32 in the reference's order,
-rounded once; ORT's Sigmoid kernel is its own, so not bitwise the reference (within the op's tolerance).
+rounded once; ORT's Sigmoid is its own approximation, so within the op's tolerance, not bitwise.
 """
 
 from __future__ import annotations

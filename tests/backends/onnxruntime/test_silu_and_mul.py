@@ -1,4 +1,4 @@
-"""silu_and_mul on ONNX Runtime: the reference's fp32 formula rounded once; refused under autograd."""
+"""silu_and_mul on ONNX Runtime: the reference within tolerance (its own Sigmoid); refused under autograd."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ def test_matches_reference_with_saturated_gates(be, ref, no_fallback, dtype):
     x = x.to(dtype)
     out, want = be.silu_and_mul(x), ref.silu_and_mul(x)
     assert out.dtype == dtype and out.shape == (5, 48)
-    # ORT's Sigmoid is its own fp32 kernel: at most a last-bit difference before the single rounding
-    torch.testing.assert_close(
-        out.float(), want.float(), rtol=1e-6 if dtype == torch.float32 else 8e-3, atol=0
-    )
+    # ORT's Sigmoid is its own fp32 approximation (0 far in the negative tail, where the reference has
+    # ~1e-26): the default tolerance of the dtype (SPEC 4), not bits
+    torch.testing.assert_close(out, want)
     assert be.kernel_calls()["silu_and_mul"] >= 1
     no_fallback(ref_calls_allowed=1)
 
