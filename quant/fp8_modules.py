@@ -11,7 +11,6 @@ expert width is not a multiple of 128.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from backends import Backend
 from backends.formats import BLOCK, E4M3, EPS_DEEPSEEK, cdiv, dequantize_weight_blocks
@@ -152,9 +151,10 @@ class FP8Experts(Fp32Scales):
         """Expert outputs [T*k, D] in d's expert-sorted order (glm5.core.moe.Experts.rows)."""
         xq, xs = be.fp8_quant_group(x, BLOCK, EPS_DEEPSEEK, self.ue8m0)  # per-token groups: row order free
         xq, xs = xq[d.token], xs[d.token]
-        h = nn.functional.silu(self._gemm(be, xq, xs, "gate_proj", d.offsets, x.dtype)) * self._gemm(
-            be, xq, xs, "up_proj", d.offsets, x.dtype
+        gate_up = torch.cat(
+            [self._gemm(be, xq, xs, name, d.offsets, x.dtype) for name in ("gate_proj", "up_proj")], dim=1
         )
+        h = be.silu_and_mul(gate_up)  # SPEC 2.10
         hq, hs = be.fp8_quant_group(h, BLOCK, EPS_DEEPSEEK, self.ue8m0)
         return self._gemm(be, hq, hs, "down_proj", d.offsets, x.dtype)
 

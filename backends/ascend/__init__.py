@@ -12,6 +12,7 @@ Which file serves which op (backends/ascend/<op>.py: capabilities, reasons, adap
     w4a8_matmul           torch_npu.npu_grouped_matmul (per-channel), kernels_ascend.w4a8_matmul (per-group)
     grouped_matmul        torch_npu.npu_grouped_matmul, kernels_ascend.w4a8_matmul (per-group W4A8)
     linear_cross_entropy  kernels_ascend.linear_cross_entropy (chunked, differentiable)
+    silu_and_mul          torch_npu.npu_swiglu (backward: the contract's formula in torch)
 
 The operators are reached through one `OpsProvider` (_provider.py): torch_npu on an NPU, or, only when
 GLM5_ASCEND_EMULATE=1, CPU EMULATIONS written from the operators' documentation (emulation/), with the
@@ -42,6 +43,7 @@ PROVENANCE = {
     "w4a8_matmul": "torch_npu npu_grouped_matmul (per-channel); triton-ascend kernel (per-group)",
     "grouped_matmul": "torch_npu npu_grouped_matmul; triton-ascend kernels per expert (fp32, per-group)",
     "linear_cross_entropy": "triton-ascend kernels (chunked)",
+    "silu_and_mul": "torch_npu npu_swiglu",
 }
 
 

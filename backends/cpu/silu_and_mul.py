@@ -7,11 +7,14 @@ import torch
 
 from backends.caps import OpCaps, OpImpl
 from backends.contract.ops import FLOATS
+from backends.invariant import engine as invariant
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     n = x.shape[1] // 2
     g = x[:, :n].float()
+    if invariant.active():  # SPEC 12: the reference's fixed formula, bitwise
+        return (invariant.silu(g) * x[:, n:].float()).to(x.dtype)
     return torch.sigmoid(g).mul_(g).mul_(x[:, n:]).to(x.dtype)  # (s * g) * up == (g * s) * up, bitwise
 
 
@@ -27,5 +30,10 @@ def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Ten
     return (dx,)
 
 
-# not batch_invariant, as the reference: torch's sigmoid (vector exp in a buffer's body, scalar in its tail)
-IMPL = OpImpl(silu_and_mul, OpCaps(FLOATS, batch_invariant=False, differentiable=True), backward=backward)
+# not batch_invariant, as the reference: torch's sigmoid (vector exp in a buffer's body, scalar in its tail);
+# layout_invariant: in the mode, the reference's fixed formula
+IMPL = OpImpl(
+    silu_and_mul,
+    OpCaps(FLOATS, batch_invariant=False, differentiable=True, layout_invariant=True),
+    backward=backward,
+)

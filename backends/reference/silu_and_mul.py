@@ -3,6 +3,8 @@
 x [M, 2N] = [gate | up] -> out [M, N] = silu(gate) * up, in fp32, rounded once to the dtype of x,
 silu(g) = g * sigmoid(g). Backward (from x alone): with s = sigmoid(g),
 d gate = dy * up * s * (1 + g * (1 - s)), d up = dy * g * s, both in fp32, rounded once to the dtype of x.
+In the layout-invariant mode (SPEC 12) silu is the mode's fixed formula g / (1 + e^-g) in fp32
+(`backends.invariant.engine.silu`, the bits the mode gives a hand-written silu), times up, rounded once.
 This module is the op's declaration too (`DECL`: the function below is the signature).
 """
 
@@ -14,6 +16,7 @@ from backends.argcheck import FLOAT_DTYPES, check_tensor, fail
 from backends.caps import OpCaps, OpImpl
 from backends.contract.decl import OpDecl
 from backends.counters import reference_op
+from backends.invariant import engine as invariant
 from backends.reference._common import FLOATS, dtype_of, randn
 
 
@@ -26,6 +29,8 @@ def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [M, 2N] float = [gate | up] -> silu(gate) * up [M, N], dtype of x."""
     g, u = _halves(x)
+    if invariant.active():  # SPEC 12: a fixed formula, so no element's bits depend on where it sits
+        return (invariant.silu(g) * u).to(x.dtype)
     return (g * torch.sigmoid(g) * u).to(x.dtype)
 
 
@@ -59,7 +64,10 @@ DECL = OpDecl(
     sized=lambda g, dt, quantity, n: dict(x=randn(g, 3, 2 * n, dtype=dt)),
 )
 #: not batch_invariant: torch's CPU sigmoid takes a vector exp in the body of a buffer and the scalar one in
-#: its tail, so an element's last bit may depend on where its row starts
+#: its tail, so an element's last bit may depend on where its row starts; layout_invariant: the mode's
+#: fixed formula instead
 IMPL = OpImpl(
-    silu_and_mul, OpCaps(FLOATS, batch_invariant=False, differentiable=True), backward=silu_and_mul_backward
+    silu_and_mul,
+    OpCaps(FLOATS, batch_invariant=False, differentiable=True, layout_invariant=True),
+    backward=silu_and_mul_backward,
 )

@@ -1,9 +1,15 @@
-"""Plain-torch building blocks: RMSNorm, rotary embedding (interleaved or half-split), SwiGLU MLP."""
+"""Plain-torch building blocks: RMSNorm, rotary embedding (interleaved or half-split), SwiGLU MLP (its
+activation through the backend's `silu_and_mul`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from glm5.core.attention import Step
 
 
 class RMSNorm(nn.Module):
@@ -46,7 +52,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); the dense layers and the shared expert."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); the dense layers and the shared expert. The activation is the
+    step's backend's `silu_and_mul` (SPEC 2.10) on [gate(x) | up(x)]: in fp32, rounded once."""
 
     def __init__(self, hidden: int, inter: int, dtype: torch.dtype | None = None) -> None:
         super().__init__()
@@ -54,5 +61,8 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inter, bias=False, dtype=dtype)
         self.down_proj = nn.Linear(inter, hidden, bias=False, dtype=dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """x [..., D] -> [..., D], on the step's backend (`Step`: the one channel the model reaches it by)."""
+        gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+        h = step.backend.silu_and_mul(gate_up.reshape(-1, gate_up.shape[-1]))
+        return self.down_proj(h.reshape(*x.shape[:-1], h.shape[-1]))

@@ -49,7 +49,7 @@ class DecoderLayer(nn.Module):
         a, topk = self.self_attn(self.input_layernorm(x), step, shared_topk)
         x = x + a
         h = self.post_attention_layernorm(x)
-        return x + (self.mlp(h, step) if self.is_moe else self.mlp(h)), topk
+        return x + self.mlp(h, step), topk
 
 
 class LMHead(nn.Linear):

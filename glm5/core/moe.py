@@ -69,9 +69,14 @@ class Experts(nn.Module):
         """The expert output of every (token, slot) pair, in d's expert-sorted order: [T*k, D]. Every
         experts module (float, quantized) has this, so expert parallelism wraps any of them."""
         xs = x[d.token]
-        h = nn.functional.silu(be.grouped_matmul(xs, self.gate_proj, d.offsets)) * be.grouped_matmul(
-            xs, self.up_proj, d.offsets
+        gate_up = torch.cat(
+            (
+                be.grouped_matmul(xs, self.gate_proj, d.offsets),
+                be.grouped_matmul(xs, self.up_proj, d.offsets),
+            ),
+            1,
         )
+        h = be.silu_and_mul(gate_up)  # SPEC 2.10: silu(gate) * up in fp32, rounded once
         return be.grouped_matmul(h, self.down_proj, d.offsets)
 
 
@@ -91,4 +96,4 @@ class MoE(nn.Module):
         be = step.backend
         ids, w = self.gate(x, be)
         out = self.experts(x, ids, w, be)
-        return out if self.shared_experts is None else out + self.shared_experts(x)
+        return out if self.shared_experts is None else out + self.shared_experts(x, step)

@@ -19,6 +19,7 @@ from backends.onnxruntime.functions.grouped_matmul import (
 from backends.onnxruntime.functions.indexer_logits import indexer_logits_paged, indexer_logits_ragged
 from backends.onnxruntime.functions.indexer_topk import indexer_topk_paged, indexer_topk_ragged
 from backends.onnxruntime.functions.linear_cross_entropy import linear_cross_entropy
+from backends.onnxruntime.functions.silu_and_mul import silu_and_mul
 from backends.onnxruntime.functions.sparse_mla_attention import (
     sparse_mla_attention_paged,
     sparse_mla_attention_ragged,
@@ -86,6 +87,11 @@ def call_sparse_mla_attention_paged(
         q, kv_cache, indices, cu_seqlens_q, seqlens_k, block_table, sm_scale=sm_scale, d_v=d_v
     )
     return out, lse
+
+
+@script(glm5)
+def call_silu_and_mul(x: TFloat) -> TFloat:
+    return silu_and_mul(x)
 
 
 @script(glm5)

@@ -23,7 +23,7 @@ from backends.onnxruntime.indexer_topk import KEY_CHUNK
 from backends.onnxruntime.linear_cross_entropy import CHUNK_ELEMS
 from glm5.onnx_export import calls
 
-#: the glm5 ops the table translates (SPEC 2.1-2.9, the onnxruntime backend's: not FP8 or silu_and_mul)
+#: the glm5 ops the table translates (SPEC 2.1-2.10, the onnxruntime backend's: not FP8)
 TRANSLATED = (
     "indexer_logits",
     "indexer_topk",
@@ -34,6 +34,7 @@ TRANSLATED = (
     "w4a8_matmul",
     "grouped_matmul",
     "linear_cross_entropy",
+    "silu_and_mul",
 )
 
 
@@ -102,6 +103,10 @@ def sparse_mla_attention(
         # the custom op returns an empty [0] lse then (a schema has no optional outputs)
         lse = op.Constant(value=ir.tensor([], dtype=ir.DataType.FLOAT))
     return out, lse
+
+
+def silu_and_mul(x, backend):
+    return calls.call_silu_and_mul(x)
 
 
 def dynamic_quant_int8(x, backend):

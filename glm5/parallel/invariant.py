@@ -31,7 +31,7 @@ from backends.invariant import engine as num
 aten = torch.ops.aten
 ENV = "GLM5_LAYOUT_INVARIANT"
 #: the backend ops a forward calls; each must declare `layout_invariant` for the mode to run
-OPS = ("sparse_mla_attention", "indexer_topk", "topk", "grouped_matmul")
+OPS = ("sparse_mla_attention", "indexer_topk", "topk", "grouped_matmul", "silu_and_mul")
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 

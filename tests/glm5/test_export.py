@@ -36,11 +36,14 @@ def test_prefill_traces_with_each_backend_op_as_one_custom_op_node(tiny):
     assert calls["glm5::sparse_mla_attention"] == cfg.num_hidden_layers
     assert calls["glm5::grouped_matmul"] == 3 * moe  # gate, up, down
     assert calls["glm5::topk"] >= moe  # router top-k (plus the group top-k)
+    # one per layer's MLP (dense, or the routed experts) and one per MoE layer's shared expert
+    assert calls["glm5::silu_and_mul"] == cfg.num_hidden_layers + moe * bool(cfg.n_shared_experts)
     assert set(calls) == {
         "glm5::indexer_topk",
         "glm5::sparse_mla_attention",
         "glm5::grouped_matmul",
         "glm5::topk",
+        "glm5::silu_and_mul",
     }
     # the backend is reached by its key, the last argument of every node
     assert {n.args[-1] for n in nodes} == {tiny.backend.key}

@@ -27,6 +27,7 @@ from backends.ascend.emulation.npu_grouped_matmul import npu_grouped_matmul
 from backends.ascend.emulation.npu_lightning_indexer import npu_lightning_indexer
 from backends.ascend.emulation.npu_quant_matmul import npu_quant_matmul
 from backends.ascend.emulation.npu_sparse_flash_attention import npu_sparse_flash_attention
+from backends.ascend.emulation.npu_swiglu import npu_swiglu
 
 OPERATORS = (
     "npu_lightning_indexer",
@@ -34,6 +35,7 @@ OPERATORS = (
     "npu_dynamic_quant",
     "npu_quant_matmul",
     "npu_grouped_matmul",
+    "npu_swiglu",
 )
 
 __all__ = ["OPERATORS", "NotEmulated", "OperatorRejected", "module_for"]
@@ -50,4 +52,5 @@ def module_for(soc: str) -> SimpleNamespace:
         npu_dynamic_quant=npu_dynamic_quant,
         npu_quant_matmul=npu_quant_matmul,
         npu_grouped_matmul=npu_grouped_matmul,
+        npu_swiglu=npu_swiglu,
     )

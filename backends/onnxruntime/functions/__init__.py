@@ -19,6 +19,7 @@ from backends.onnxruntime.functions import (
     indexer_logits,
     indexer_topk,
     linear_cross_entropy,
+    silu_and_mul,
     sparse_mla_attention,
     topk,
     w4a8_matmul,
@@ -37,6 +38,7 @@ _MODULES = (
     w4a8_matmul,
     grouped_matmul,
     linear_cross_entropy,
+    silu_and_mul,
 )
 
 

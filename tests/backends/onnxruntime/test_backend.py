@@ -22,9 +22,9 @@ def test_registered_and_available(be):
 
 
 def test_every_op_is_served(be):
-    # every op but the FP8 family (SPEC 7), which needs an FP8 datapath, and silu_and_mul (2.10) and
-    # linear_cross_entropy_shard (2.9.1, a training op; this backend is inference only), not ported
-    absent = ("silu_and_mul", "linear_cross_entropy_shard")
+    # every op but the FP8 family (SPEC 7), which needs an FP8 datapath, and linear_cross_entropy_shard
+    # (2.9.1, a training op; this backend is inference only)
+    absent = ("linear_cross_entropy_shard",)
     assert set(be.ops) == {op for op in OP_NAMES if not op.startswith("fp8_") and op not in absent}
     assert be.capabilities("topk").tie_rule == "lower_index"
     assert be.capabilities("indexer_topk").tie_rule == "lower_index"

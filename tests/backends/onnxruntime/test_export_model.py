@@ -62,7 +62,15 @@ def test_graph_calls_the_glm5_functions(exported):
     assert calls["sparse_mla_attention_ragged"] == cfg.num_hidden_layers
     assert calls["grouped_matmul"] == 3 * moe  # gate, up, down
     assert calls["topk"] >= moe  # router top-k (plus the group top-k)
-    assert set(calls) == {"indexer_topk_ragged", "sparse_mla_attention_ragged", "grouped_matmul", "topk"}
+    # one MLP per layer (dense, or the MoE's routed experts) plus each MoE layer's shared expert
+    assert calls["silu_and_mul"] == cfg.num_hidden_layers + moe * bool(cfg.n_shared_experts)
+    assert set(calls) == {
+        "indexer_topk_ragged",
+        "sparse_mla_attention_ragged",
+        "grouped_matmul",
+        "topk",
+        "silu_and_mul",
+    }
     assert {f.name for f in model.functions} >= set(calls)
     assert not flat.functions and all(n.domain in ("", "ai.onnx") for n in flat.graph.node)
 

@@ -46,6 +46,7 @@ FLOAT32_CALLS = {
     "w4a8_matmul_bias",
     "grouped_matmul",
     "linear_cross_entropy",
+    "silu_and_mul",
 }
 
 
