@@ -53,7 +53,7 @@ def validation_mode() -> str:
     return mode
 
 
-class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/contract/typed_ops.py, interface_fp8.py
+class Backend(ContractOps, FP8Ops):  # the typed op methods: backends/contract/typed_ops.py, typed_fp8.py
     name: ClassVar[str] = "?"
     #: torch device type the backend's tensors live on ("cpu", "cuda", "npu").
     device: ClassVar[str] = "cpu"
