@@ -51,6 +51,10 @@ def linear_cross_entropy(h, weight, targets, ignore_index=-100):
     return (h.float().sum() * 0).reshape(())
 
 
+def silu_and_mul(x):
+    return x[..., : x.shape[-1] // 2] * 0
+
+
 _LAYOUTS = ("ragged", "paged")
 
 
@@ -66,4 +70,5 @@ class NoReadBackend(Backend):
         "w4a8_matmul": OpImpl(w4a8_matmul, OpCaps(FLOATS)),
         "grouped_matmul": OpImpl(grouped_matmul, OpCaps(FLOATS + ("w8a8", "w4a8"))),
         "linear_cross_entropy": OpImpl(linear_cross_entropy, OpCaps(FLOATS)),
+        "silu_and_mul": OpImpl(silu_and_mul, OpCaps(FLOATS)),
     }
