@@ -64,6 +64,14 @@ def backward(
     return grad_h.to(h.dtype), grad_w.to(weight.dtype)
 
 
+def owned_rows(targets: torch.Tensor, width: int, vocab_start: int, ignore_index: int):
+    """A vocabulary shard's rows: (rows whose target is one of the shard's `width` rows from `vocab_start`,
+    its local index there (0 elsewhere)); every backend's `linear_cross_entropy_shard` uses it."""
+    rel = targets.long() - vocab_start
+    mine = (targets != ignore_index) & (rel >= 0) & (rel < width)
+    return mine, torch.where(mine, rel, 0)
+
+
 def row_chunks(chunk_elems: int, multiple: int = 1) -> Callable[[int, int], Iterable[slice]]:
     """Row slices whose fp32 logits [rows, V] stay under chunk_elems elements (rows a multiple of
     `multiple` when a chunk holds more than that)."""

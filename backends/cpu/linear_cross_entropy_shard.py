@@ -19,16 +19,10 @@ from backends.linear_ce import LinearCEKernels, row_chunks
 CHUNK_ELEMS = 1 << 22
 
 
-def _owned(targets, width, vocab_start, ignore_index):
-    rel = targets.long() - vocab_start
-    mine = (targets != ignore_index) & (rel >= 0) & (rel < width)
-    return mine, torch.where(mine, rel, 0)
-
-
 def _forward(h, wf, targets, vocab_start, ignore_index):
     logits = torch.mm(h.float(), wf.T)
     m = logits.amax(dim=-1)
-    mine, idx = _owned(targets, wf.shape[0], vocab_start, ignore_index)
+    mine, idx = linear_ce.owned_rows(targets, wf.shape[0], vocab_start, ignore_index)
     t = logits.gather(1, idx[:, None])[:, 0].masked_fill_(~mine, 0.0)
     s = logits.sub_(m[:, None]).exp_().sum(dim=-1)  # in place: the chunk's logits are spent
     return m, s, t
@@ -37,7 +31,7 @@ def _forward(h, wf, targets, vocab_start, ignore_index):
 def _backward(h, wf, targets, vocab_start, ignore_index, m, gs, gt):
     hf = h.float()
     p = torch.mm(hf, wf.T).sub_(m[:, None]).exp_().mul_(gs[:, None])
-    mine, idx = _owned(targets, wf.shape[0], vocab_start, ignore_index)
+    mine, idx = linear_ce.owned_rows(targets, wf.shape[0], vocab_start, ignore_index)
     p[torch.arange(p.shape[0]), idx] += gt.masked_fill(~mine, 0.0)
     return p @ wf, p.T @ hf
 

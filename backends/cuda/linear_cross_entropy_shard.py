@@ -18,18 +18,12 @@ from backends.cuda.linear_cross_entropy import CHUNK_ELEMS, _cast
 from backends.linear_ce import LinearCEKernels, row_chunks
 
 
-def _owned(targets, width, vocab_start, ignore_index):
-    rel = targets.long() - vocab_start
-    mine = (targets != ignore_index) & (rel >= 0) & (rel < width)
-    return mine, torch.where(mine, rel, 0)
-
-
 def _forward(h, w, targets, vocab_start, ignore_index):
     from kernels_cuda.linear_cross_entropy import chunk_logits
 
     logits = chunk_logits(h, w)
     m = logits.amax(dim=-1)
-    mine, idx = _owned(targets, w.shape[0], vocab_start, ignore_index)
+    mine, idx = linear_ce.owned_rows(targets, w.shape[0], vocab_start, ignore_index)
     t = logits.gather(1, idx[:, None])[:, 0].masked_fill_(~mine, 0.0)
     return m, logits.sub_(m[:, None]).exp_().sum(dim=-1), t
 
@@ -38,7 +32,7 @@ def _backward(h, w, targets, vocab_start, ignore_index, m, gs, gt):
     from kernels_cuda.linear_cross_entropy import chunk_logits
 
     p = chunk_logits(h, w).sub_(m[:, None]).exp_().mul_(gs[:, None])
-    mine, idx = _owned(targets, w.shape[0], vocab_start, ignore_index)
+    mine, idx = linear_ce.owned_rows(targets, w.shape[0], vocab_start, ignore_index)
     p[torch.arange(p.shape[0], device=p.device), idx] += gt.masked_fill(~mine, 0.0)
     return p @ w.float(), p.T @ h.float()
 

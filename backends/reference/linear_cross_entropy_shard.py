@@ -34,19 +34,12 @@ from backends.reference._common import FLOATS, dim, dtype_of, randn
 _CHUNK_ELEMS = 1 << 24
 
 
-def _owned(targets, width: int, vocab_start: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows whose target is one of the shard's rows, its local index there (0 elsewhere))."""
-    rel = targets.long() - vocab_start
-    mine = (targets != ignore_index) & (rel >= 0) & (rel < width)
-    return mine, torch.where(mine, rel, 0)
-
-
 def linear_cross_entropy_shard_naive(h, weight, targets, vocab_start=0, ignore_index=-100):
     """The definition with torch autograd (max detached): what tests check the chunked op against."""
     logits = h.float() @ weight.float().T
     m = logits.amax(dim=-1).detach()
     s = torch.exp(logits - m[:, None]).sum(dim=-1)
-    mine, idx = _owned(targets, weight.shape[0], vocab_start, ignore_index)
+    mine, idx = linear_ce.owned_rows(targets, weight.shape[0], vocab_start, ignore_index)
     t = torch.where(mine, logits.gather(1, idx[:, None])[:, 0], 0.0)
     return m, s, t
 
@@ -55,14 +48,14 @@ def _forward(h, wf, targets, vocab_start, ignore_index):
     logits = h.float() @ wf.T  # [n, V]
     m = logits.amax(dim=-1)
     s = torch.exp(logits - m[:, None]).sum(dim=-1)
-    mine, idx = _owned(targets, wf.shape[0], vocab_start, ignore_index)
+    mine, idx = linear_ce.owned_rows(targets, wf.shape[0], vocab_start, ignore_index)
     return m, s, torch.where(mine, logits.gather(1, idx[:, None])[:, 0], 0.0)
 
 
 def _backward(h, wf, targets, vocab_start, ignore_index, m, gs, gt):
     hf = h.float()
     p = torch.exp(hf @ wf.T - m[:, None]) * gs[:, None]  # [n, V]
-    mine, idx = _owned(targets, wf.shape[0], vocab_start, ignore_index)
+    mine, idx = linear_ce.owned_rows(targets, wf.shape[0], vocab_start, ignore_index)
     p[torch.arange(p.shape[0]), idx] += torch.where(mine, gt, 0.0)
     return p @ wf, p.T @ hf
 
