@@ -6,11 +6,13 @@
 "data_parallel_size": N runs N engines, one process each, as vLLM's offline data-parallel example does
 (vLLM refuses `LLM(data_parallel_size=N)` in one process): the environment names each its data-parallel
 rank (VLLM_DP_RANK, VLLM_DP_SIZE, VLLM_DP_MASTER_IP / PORT), rank r gets prompts r, r + N, ..., and the
-results come back merged in prompt order, the per-worker lists in data-parallel rank order.
+results come back merged in prompt order, the per-worker lists in data-parallel rank order (each engine's
+tensor_parallel_size workers in a row).
 
 In order, per spec key: greedy tokens and prompt log-probs of `prompts`; every worker's parameter bytes
-(all, and those of the plan's split parameters, full and local) and the bytes of its latent and indexer
-caches that hold rows (a non-zero value: vLLM allocates the caches zeroed); "update_from": a second float
+(all, those of the plan's split parameters, full and local, and of its experts split by expert parallel,
+full and local) and the bytes of its latent and indexer caches that hold rows (a non-zero value: vLLM
+allocates the caches zeroed); "update_from": a second float
 checkpoint's tensors pushed in place (`update_weights`), then the prompts again ("updated_tokens");
 "perturb_layer": rank 1's indexer of that layer fed a perturbed input, then the prompts again, the error
 kept ("perturbed"); "probe": true (tensor_parallel_size 1): tests/vllm/pools_engine.py's probe of the cache
