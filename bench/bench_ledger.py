@@ -7,7 +7,7 @@ deviation against the issue's target (within 5%).
 On 2 gloo processes on 127.0.0.1 (one thread each, reference backend, bf16), both layouts the ledger runs
 at 2 ranks: TP2 + EP2 (tokens replicated, each rank dispatching its chunk) and DP2 + EP2 (experts across
 data-parallel ranks); per layout a prefill of --prefill tokens and one decode step of --decode-batch
-sequences at --context cached tokens. The measuring code is glm5/deploy/ledger_check.py (the test
+sequences at --context cached tokens. The measuring code is glm5/deploy/gloo_counts.py (the test
 tests/deploy/test_ledger.py asserts the same rows): the router is balanced over the ranks by
 construction, the ledger's assumption. Rows: FLOPs by op (torch's FlopCounter formulas and the custom
 ops' own, CountOps), bytes this rank puts on the wire per collective kind (at the algorithm's cost:
@@ -35,12 +35,12 @@ def _rank(rank: int, world: int, port: int, steps: dict, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from glm5.deploy import ledger_check
+    from glm5.deploy import gloo_counts
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
     try:
-        queue.put((rank, ledger_check.compare(rank, ledger_check.per_rank(rank, world, steps))))
+        queue.put((rank, gloo_counts.compare(rank, gloo_counts.per_rank(rank, world, steps))))
     finally:
         dist.destroy_process_group()
 
@@ -87,7 +87,7 @@ def main() -> None:
             ap.error(f"{name}: at least 1, got {value}")
     if args.context < 0:
         ap.error(f"--context: at least 0, got {args.context}")
-    from glm5.deploy.ledger_check import ratio
+    from glm5.deploy.gloo_counts import ratio
 
     steps = {"prefill": (1, args.prefill, 0), "decode": (args.decode_batch, 1, args.context)}
     load = os.getloadavg()[0]

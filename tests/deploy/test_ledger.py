@@ -1,5 +1,5 @@
 """The cost ledger (glm5/deploy/ledger.py: the model on fake tensors, fake collectives, balanced routing)
-against the same counts measured on a real 2-process gloo run of the tiny model (glm5/deploy/ledger_check.py,
+against the same counts measured on a real 2-process gloo run of the tiny model (glm5/deploy/gloo_counts.py,
 one launch for both layouts): TP2 + EP2 (tokens replicated) and DP2 + EP2 (experts across data-parallel
 ranks), a prefill and a decode step; FLOPs by op within 5% (the issue's target), bytes per collective kind
 within 5%, cache and weight bytes equal. Each rank computes its own ledger next to its measurement."""
@@ -10,20 +10,20 @@ import json
 
 import pytest
 
-from glm5.deploy import ledger_check
+from glm5.deploy import gloo_counts
 from tests.ranks import run_ranks
 
 
 def test_ledger_matches_a_gloo_run_of_the_tiny_model():
-    results = run_ranks(ledger_check.per_rank, 2)
+    results = run_ranks(gloo_counts.per_rank, 2)
     for rank, per_step in enumerate(results):
-        assert set(per_step) == {(k, s) for k in ledger_check.LAYOUTS for s in ledger_check.STEPS}
+        assert set(per_step) == {(k, s) for k in gloo_counts.LAYOUTS for s in gloo_counts.STEPS}
         for (kind, step), (got, led) in per_step.items():
             msg = f"{kind} rank {rank} {step}"
             assert set(led.flops) == set(got["flops"]), msg
             assert set(led.bytes) == set(got["bytes"]), msg
             assert led.ratios()["expert_flops"] == pytest.approx(1.0, rel=0.05), msg
-        for layout, step, r, what, key, ledger, measured in ledger_check.compare(rank, per_step):
+        for layout, step, r, what, key, ledger, measured in gloo_counts.compare(rank, per_step):
             msg = f"{layout} rank {r} {step} {what} {key}"
             if what in ("flops", "bytes"):
                 assert measured > 0 and ledger == pytest.approx(measured, rel=0.05), msg

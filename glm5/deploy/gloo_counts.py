@@ -44,7 +44,7 @@ def _balanced(model: GLM5ForCausalLM) -> None:
                 layer.mlp.gate.e_score_correction_bias.copy_(bias.float())
 
 
-def measured(model: GLM5ForCausalLM, kind: str, batch: int, new: int, context: int) -> dict:
+def count_step(model: GLM5ForCausalLM, kind: str, batch: int, new: int, context: int) -> dict:
     """Split `model` (unsplit, on this process's default group) as layout `kind`, run the step, count."""
     from glm5.parallel import plan
     from glm5.parallel.group import Single, TorchGroup
@@ -71,7 +71,7 @@ def per_rank(rank: int, world: int, steps: dict | None = None) -> dict:
         for step, (batch, new, context) in steps.items():
             model = GLM5ForCausalLM(cfg, backend="reference", dtype=torch.bfloat16)  # the ledger's dtype
             _balanced(model)
-            got = measured(model, kind, batch, new, context)
+            got = count_step(model, kind, batch, new, context)
             out[kind, step] = (got, rank_cost(cfg, layout, rank, batch, new, context))
     return out
 
@@ -98,4 +98,4 @@ def ratio(ledger: float, measured: float) -> float:
     return ledger / measured
 
 
-__all__ = ["LAYOUTS", "STEPS", "compare", "measured", "per_rank", "ratio", "tiny_config"]
+__all__ = ["LAYOUTS", "STEPS", "compare", "count_step", "per_rank", "ratio", "tiny_config"]
