@@ -15,10 +15,14 @@ gloo processes on 127.0.0.1, one thread each, reference backend:
   excess is the per-expert counts); the old design all-gathered [T, k, D] per layer, set against the
   same ideal;
 - seconds per forward (median of --runs, the max over ranks): EP=2 on the dispatch (both layouts:
-  ranks holding the same tokens; experts across data-parallel ranks each holding half the batch), the
-  old every-slot design, and one process. The load average is printed with the figures, and the median
-  time of one gloo all-to-all of one element (the dispatch makes 3 exchanges per MoE layer, 4 where the
-  ranks hold the same tokens; the old design 1), which bounds the seconds on a small or loaded machine.
+  ranks holding the same tokens; experts across data-parallel ranks each holding half the batch; and
+  the same tokens in the masked (decode) mode with capacity C = T/2, which cannot drop), the old
+  every-slot design, and one process. The load average is printed with the figures, and the median
+  time of one gloo all-to-all of one element, which bounds the seconds on a small or loaded machine;
+- exchanges per MoE layer (collective calls over MoE layer runs, counted): the contiguous dispatch 3
+  (the counts, read on the host; the rows; combine), the masked one 2 (the counts travel as a header
+  of the rows' exchange), each plus 1 all-gather of the outputs where the ranks hold the same tokens;
+  the old design 1.
 """
 
 from __future__ import annotations
@@ -57,21 +61,25 @@ class Counting:
     """A group that counts the bytes each collective brings in from other ranks."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.rank, self.size, self.bytes = inner, inner.rank, inner.size, 0
+        self.inner, self.rank, self.size, self.bytes, self.exchanges = inner, inner.rank, inner.size, 0, 0
 
     def all_reduce(self, x, exact=False):
+        self.exchanges += 1
         self.bytes += 2 * x.numel() * x.element_size() * (self.size - 1) // self.size  # ring
         return self.inner.all_reduce(x, exact=exact)
 
     def all_gather(self, x, dim):
+        self.exchanges += 1
         self.bytes += x.numel() * x.element_size() * (self.size - 1)
         return self.inner.all_gather(x, dim)
 
     def reduce_scatter(self, x, exact=False):
+        self.exchanges += 1
         self.bytes += x.numel() * x.element_size() * (self.size - 1) // self.size
         return self.inner.reduce_scatter(x, exact=exact)
 
     def all_to_all(self, x, send, recv):
+        self.exchanges += 1
         row = x[0].numel() * x.element_size() if x.shape[0] else 0
         self.bytes += row * (sum(recv) - recv[self.rank])
         return self.inner.all_to_all(x, send, recv)
@@ -127,14 +135,16 @@ def _time(fn, runs: int) -> float:
 
 
 def _rows_counted(model) -> list[int]:
-    """Wrap every experts module's `rows`: the counter adds the rows its grouped_matmul multiplies."""
-    counter = [0]
+    """Wrap every experts module's `rows`: counter[0] adds the rows its grouped_matmul multiplies,
+    counter[1] the calls (one per MoE layer run, in every design)."""
+    counter = [0, 0]
     for m in model.modules():
         if hasattr(m, "rows"):
             inner = m.rows
 
             def rows(x, d, be, inner=inner):
                 counter[0] += int(d.offsets[-1])
+                counter[1] += 1
                 return inner(x, d, be)
 
             m.rows = rows
@@ -156,10 +166,12 @@ def _balanced(cfg, rank: int, world: int, t: int) -> dict:
             "ideal": 2 * REMOTE[0] * d * x.element_size()}  # fmt: skip
 
 
-def _layout(cfg, ids, unsplit_rows: int, runs: int, tokens: str, old: bool = False) -> dict:
+def _layout(
+    cfg, ids, unsplit_rows: int, runs: int, tokens: str, old: bool = False, masked: int | None = None
+) -> dict:
     group = Counting(TorchGroup())
     model = _model(cfg)
-    plan.apply(model, tp=Single(), ep=group, ep_tokens=tokens)
+    plan.apply(model, tp=Single(), ep=group, ep_tokens=tokens, ep_masked_tokens=masked)
     if old:
         for m in model.modules():
             if isinstance(m, plan.ExpertParallel):
@@ -176,6 +188,7 @@ def _layout(cfg, ids, unsplit_rows: int, runs: int, tokens: str, old: bool = Fal
         "rows": rows[0],
         "unsplit": unsplit_rows,
         "bytes": group.bytes,
+        "exchanges": group.exchanges / rows[1],
         "ideal": ideal,
         "s": _time(lambda: model(ids), runs),
     }
@@ -191,6 +204,8 @@ def _rank(rank: int, world: int, port: int, name: str, tokens: int, runs: int, u
         ids = _ids(cfg, tokens, 1)
         out["replicated"] = _layout(cfg, ids, unsplit["rows"], runs, "replicated")
         out["old"] = _layout(cfg, ids, unsplit["rows"], runs, "replicated", old=True)
+        chunk = -(-tokens // world)  # the masked (decode) mode at this step: C = the chunk, nothing drops
+        out["masked"] = _layout(cfg, ids, unsplit["rows"], runs, "replicated", masked=chunk)
         half = _ids(cfg, tokens // world, 2 + rank)  # experts across dp ranks: half the batch each
         out["local"] = _layout(cfg, half, sum(unsplit["half_rows"]), runs, "local")
         out["balanced"] = _balanced(cfg, rank, world, tokens)
@@ -231,15 +246,16 @@ def measure(name: str, tokens: int, runs: int, world: int = 2) -> dict:
     per_rank = [results[r] for r in range(world)]
     row = {"config": name, "tokens": tokens, "ep": world, "single_s": single_s}
     row["round_trip_s"] = max(r["round_trip_s"] for r in per_rank)
-    for key in ("replicated", "local", "old", "balanced"):
+    for key in ("replicated", "masked", "local", "old", "balanced"):
         # rows: the busiest rank over the unsplit layer on the batch the group holds; bytes: per rank on
         # average (all ranks' received bytes over all ranks' ideal: routing need not be symmetric); the old
         # design is set against the dispatch's ideal for the same tokens
-        ideal = sum(r["replicated" if key == "old" else key]["ideal"] for r in per_rank)
+        ideal = sum(r["replicated" if key in ("old", "masked") else key]["ideal"] for r in per_rank)
         row[f"{key}_rows_max"] = max(r[key]["rows"] / r[key]["unsplit"] for r in per_rank)
         row[f"{key}_bytes"] = sum(r[key]["bytes"] for r in per_rank) / ideal
         if "s" in per_rank[0][key]:
             row[f"{key}_s"] = max(r[key]["s"] for r in per_rank)
+            row[f"{key}_exchanges"] = max(r[key]["exchanges"] for r in per_rank)
     return row
 
 
@@ -259,11 +275,15 @@ def main() -> None:
             f"{row['replicated_rows_max']:.3f} (same tokens) {row['local_rows_max']:.3f} (dp ranks), "
             f"old design {row['old_rows_max']:.3f}; "
             f"bytes / ideal: balanced {row['balanced_bytes']:.3f}, same tokens "
-            f"{row['replicated_bytes']:.3f}, dp ranks {row['local_bytes']:.3f}, old design "
+            f"{row['replicated_bytes']:.3f} (masked mode {row['masked_bytes']:.2f}), dp ranks "
+            f"{row['local_bytes']:.3f}, old design "
             f"{row['old_bytes']:.2f}; s per forward: one process {row['single_s'] * 1e3:.1f} ms, "
-            f"EP=2 same tokens {row['replicated_s'] * 1e3:.1f} ms (old design {row['old_s'] * 1e3:.1f} ms), "
+            f"EP=2 same tokens {row['replicated_s'] * 1e3:.1f} ms (masked mode, C = T/2: "
+            f"{row['masked_s'] * 1e3:.1f} ms; old design {row['old_s'] * 1e3:.1f} ms), "
             f"EP=2 dp ranks (half the batch each) {row['local_s'] * 1e3:.1f} ms; one gloo all-to-all round "
-            f"trip {row['round_trip_s'] * 1e3:.2f} ms"
+            f"trip {row['round_trip_s'] * 1e3:.2f} ms; exchanges per MoE layer: same tokens "
+            f"{row['replicated_exchanges']:.0f}, masked {row['masked_exchanges']:.0f}, dp ranks "
+            f"{row['local_exchanges']:.0f}, old design {row['old_exchanges']:.0f}"
         )
         if args.json:
             with open(args.json, "a") as f:

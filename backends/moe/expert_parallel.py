@@ -15,11 +15,13 @@ with these three functions; the handle `h` is whatever its combine reads back.
 Two modes:
 - contiguous (capacity None; prefill, training): the split sizes are exchanged and read on the host
   once per dispatch (DeepEP's normal mode does the same), then exactly the routed rows travel and the
-  experts see `[rows routed here, D]`, sorted by local expert.
-- masked (capacity C; decode): every rank sends a fixed `[E, C, D]` buffer (C rows per expert) and
-  the counts as a tensor: no host read, no data-dependent shape. A rank's pairs past the C-th for one
-  expert are dropped: their slot adds nothing to the token's output, and `h.dropped` counts them.
-  The rows that arrive are sorted valid-first, so the group offsets end at the valid count and a
+  experts see `[rows routed here, D]`, sorted by local expert: 3 exchanges (counts, rows, combine).
+- masked (capacity C; decode): every rank sends a fixed `[E, C, D]` buffer (C rows per expert), each
+  destination's block led by a header row (or rows) holding the bytes of its per-expert counts, so
+  the counts need no exchange of their own (DeepEP's low-latency dispatch, one kernel, also delivers
+  both): 2 exchanges (rows, combine), no host read, no data-dependent shape. A rank's pairs past the
+  C-th for one expert are dropped: their slot adds nothing to the token's output, and `h.dropped`
+  counts them. The rows that arrive are sorted valid-first, so the group offsets end at the valid count and a
   `grouped_matmul` that skips rows past the last offset spends nothing on the padding.
 
 Combine gathers each token's k slot outputs back into slot order and adds them as `moe.combine` does,
@@ -116,6 +118,24 @@ def _sorted_by_expert(
     return perm, offsets
 
 
+def _header(counts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """counts int64 [N, L] -> [N, H, D] of x's dtype holding the counts' bytes (zero-padded to whole rows):
+    a bit copy, so it survives any exchange that moves rows (every all_to_all does; none adds to them)."""
+    n, d = counts.shape[0], x.shape[1]
+    raw = counts.contiguous().view(torch.uint8).view(n, -1)  # [N, 8 L]
+    row = d * x.element_size()
+    h = -(-raw.shape[1] // row)
+    raw = torch.cat([raw, raw.new_zeros(n, h * row - raw.shape[1])], 1)
+    return raw.view(x.dtype).view(n, h, d)
+
+
+def _read_header(head: torch.Tensor, local: int) -> torch.Tensor:
+    """The header rows [N, H, D] an exchange delivered -> the counts int64 [N, L] they carry."""
+    n = head.shape[0]
+    raw = head.detach().reshape(-1).view(torch.uint8).view(n, -1)  # [N, H D bytes]
+    return raw[:, : 8 * local].reshape(-1).view(torch.int64).view(n, local)
+
+
 def dispatch(
     x: torch.Tensor, lay: Layout, group, capacity: int | None = None
 ) -> tuple[torch.Tensor, Dispatch, Handle]:
@@ -146,10 +166,15 @@ def dispatch(
         src = torch.full((e * capacity + 1,), lay.order.numel(), dtype=torch.int64, device=dev)
         src[slot] = torch.arange(lay.order.numel(), device=dev)
         rows = torch.cat([x[lay.order // k], x.new_zeros(1, x.shape[1])])
-        buf = rows[src[: e * capacity]]
-        cap_split = [local * capacity] * n
-        recv_counts = group.all_to_all(lay.per_expert.clamp(max=capacity), split, split).view(n, local)
-        got = exchange(buf, group, cap_split, cap_split)  # [N*L*C, D]
+        buf = rows[src[: e * capacity]].view(n, local * capacity, x.shape[1])
+        # the counts travel in the same exchange: a header of H rows per destination holding their bytes
+        head = _header(lay.per_expert.clamp(max=capacity).view(n, local), x)  # [N, H, D]
+        h_rows = head.shape[1]
+        cap_split = [h_rows + local * capacity] * n
+        got = exchange(torch.cat([head, buf], 1).view(-1, x.shape[1]), group, cap_split, cap_split)
+        got = got.view(n, h_rows + local * capacity, x.shape[1])
+        recv_counts = _read_header(got[:, :h_rows], local)  # [N, L] from each source rank
+        got = got[:, h_rows:].reshape(n * local * capacity, x.shape[1])  # [N*L*C, D]
         valid = torch.arange(capacity, device=dev)[None, None, :] < recv_counts[..., None]
         perm, offsets = _sorted_by_expert(recv_counts, valid)
         h = Handle(lay, None, None, slot, capacity, perm, (~keep).sum())

@@ -53,7 +53,9 @@ class Group(Protocol):
 
     def all_to_all(self, x: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
         """Rows x[sum(send[:s]) : sum(send[:s+1])] go to rank s; the result holds recv[s] rows from
-        each rank s, in rank order: [sum(recv), ...]. send / recv are host ints (variable splits)."""
+        each rank s, in rank order: [sum(recv), ...]. send / recv are host ints (variable splits).
+        Rows arrive bit for bit (a copy, never arithmetic): the masked expert dispatch sends its counts'
+        bytes as header rows of x's dtype (SPEC 11.1)."""
 
     # optional: `expert_steps`, an object with `layout`, `dispatch` and `combine` as in
     # backends/moe/expert_parallel.py (SPEC 11.1), for a host whose fused kernels (DeepEP, Ascend MC2) do

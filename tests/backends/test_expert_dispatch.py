@@ -54,6 +54,17 @@ def ranks() -> dict:
     return {name: [r[name] for r in results] for name in MODES}
 
 
+class _Exchanges:
+    """The group, its all_to_all calls recorded."""
+
+    def __init__(self, group, calls: list) -> None:
+        self.group, self.calls, self.rank, self.size = group, calls, group.rank, group.size
+
+    def all_to_all(self, x, send, recv):
+        self.calls.append(len(send))
+        return self.group.all_to_all(x, send, recv)
+
+
 def _mode(group, rank: int, world: int, capacity, skew: bool) -> dict:
     t = 5 + 4 * rank  # unequal token counts per rank
     x, ids, w = _inputs(rank, t, skew)
@@ -62,11 +73,15 @@ def _mode(group, rank: int, world: int, capacity, skew: bool) -> dict:
     x.requires_grad_()
     w.requires_grad_()
     lay = expert_dispatch.layout(ids, E)
-    got, d, h = expert_dispatch.dispatch(x, lay, group, capacity)
+    exchanges = []
+    counting = _Exchanges(group, exchanges)
+    got, d, h = expert_dispatch.dispatch(x, lay, counting, capacity)
     ys = grouped_matmul(got[d.token], local, d.offsets)
-    y = expert_dispatch.combine(ys, w, h, group)
+    y = expert_dispatch.combine(ys, w, h, counting)
+    forward = len(exchanges)
     (y * torch.linspace(-1, 1, N)).sum().backward()
     return {
+        "exchanges": forward,
         "y": y.detach(),
         "dropped": int(h.dropped),
         "rows": int(d.offsets[-1]),
@@ -88,6 +103,23 @@ def test_a_rank_with_no_tokens_combines_to_an_empty_output():
         got, d, h = expert_dispatch.dispatch(x, lay, Single(), capacity)
         y = expert_dispatch.combine(grouped_matmul(got[d.token], _weights(), d.offsets), w, h, Single())
         assert y.shape == (0, N), capacity
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [1, 3])
+def test_masked_counts_travel_in_header_rows_of_any_width(dtype, width):
+    """The masked dispatch sends its counts' bytes as header rows of x's dtype: narrow rows need several,
+    and the bytes must come back as the counts (the offsets) whatever floats they read as."""
+    from glm5.parallel.group import Single
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, width, generator=g).to(dtype)
+    ids = torch.randint(0, E, (7, K), generator=g).to(torch.int32)
+    lay = expert_dispatch.layout(ids, E)
+    got, d, h = expert_dispatch.dispatch(x, lay, Single(), ROOM)
+    assert got.shape == (E * ROOM, width)
+    assert torch.equal(d.offsets, torch.cat([torch.zeros(1, dtype=torch.int64), lay.per_expert.cumsum(0)]))
+    assert torch.equal(got[d.token[: d.offsets[-1]]], x[lay.order // K])  # every routed row, by expert
 
 
 def _check(results):
@@ -118,6 +150,7 @@ def test_contiguous_dispatch_is_the_unsplit_layer(ranks):
     # only routed copies travel: the ranks' experts together see every (token, slot) pair once
     assert sum(r["rows"] for r in results) == sum(r["buffer"] for r in results) == total
     assert all(r["dropped"] == 0 for r in results)
+    assert all(r["exchanges"] == 3 for r in results)  # counts (read on the host), rows, combine
 
 
 def test_masked_dispatch_with_room_is_the_unsplit_layer(ranks):
@@ -127,6 +160,7 @@ def test_masked_dispatch_with_room_is_the_unsplit_layer(ranks):
     for r in results:
         assert r["buffer"] == 2 * (E // 2) * capacity  # fixed: ranks x local experts x capacity
         assert r["rows"] <= r["buffer"] and r["dropped"] == 0
+        assert r["exchanges"] == 2  # the counts travel in the rows' exchange (a header): rows, combine
 
 
 def test_masked_dispatch_drops_past_capacity_and_counts_them(ranks):
