@@ -1,6 +1,8 @@
 """Deterministic row-wise top-k (SPEC 2.3) as one Triton kernel.
 
-One program owns one row of x [R, C]. It streams the row in tiles of BS columns in increasing column order,
+One program owns ROWS rows of x [R, C] (ROWS > 1 for short rows such as MoE routing's, where one row per
+program would leave most of a program idle; 1 for long rows). It streams them in tiles of BS columns in
+increasing column order,
 maps each value to an order-preserving int32 key and keeps a running candidate buffer (CAP = pow2 >= k + BS
 slots per row, global scratch) with a threshold filter; when the buffer could overflow it is compacted to the
 row's top k by a bitwise threshold search (see kernels_cuda/_select.py). The end emits the kept entries
@@ -9,7 +11,7 @@ sorted by (value desc, column asc) and gathers their values from x.
 Numerics: exact. Values are compared as keys of their fp32 widening (exact for fp16/bf16); -0.0 == +0.0
 and NaN below -inf as the reference; returned values are the original elements of x (a -0.0 stays -0.0).
 Work: one read of the row when the threshold filters well (random data); worst case (ascending rows)
-one compaction of CAP entries per CAP - k appended columns. Scratch: R * CAP * 8 bytes.
+one compaction of CAP entries per CAP - k appended columns. Scratch: R * CAP * 8 bytes (R rounded up to ROWS).
 """
 
 from __future__ import annotations
@@ -41,40 +43,50 @@ def _topk_kernel(
     BS: tl.constexpr,
     CAP: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    rows = pid + tl.arange(0, 1)  # [1]: keeps the helpers 2-D
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    in_range = rows < R
     rows64 = rows.to(tl.int64)
     if HAS_LEN:
-        n_row = tl.minimum(tl.load(len_ptr + pid).to(tl.int32), C)
+        n = tl.minimum(tl.load(len_ptr + rows, mask=in_range, other=0).to(tl.int32), C)
     else:
-        n_row = C
-    n = tl.zeros([1], tl.int32) + n_row
+        n = tl.zeros([ROWS], tl.int32) + C
+    n = tl.where(in_range, n, 0)  # rows past R have no candidates: their buffers stay empty
+    n_row = tl.max(n)
     row_off = rows64 * CAP
-    count = tl.zeros([1], tl.int32)
-    thr = tl.full([1], NO_THRESHOLD, tl.int64)
+    count = tl.zeros([ROWS], tl.int32)
+    thr = tl.full([ROWS], NO_THRESHOLD, tl.int64)
     for c0 in range(0, n_row, BS):
         cols = c0 + tl.arange(0, BS)
         cand = cols[None, :] < n[:, None]
         x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=cand, other=0.0).to(tl.float32)
         if tl.max(count) > CAP - BS:
             count, thr = compact(skey_ptr, scol_ptr, row_off, count, thr, k, CAP)
-        col = cols[None, :] + tl.zeros([1, BS], tl.int32)
+        col = cols[None, :] + tl.zeros([ROWS, BS], tl.int32)
         count = append(skey_ptr, scol_ptr, row_off, count, thr, order_key(x), col, cand, CAP)
     if tl.max(count) > k:
         count, thr = compact(skey_ptr, scol_ptr, row_off, count, thr, k, CAP)
-    col = sorted_columns(skey_ptr, scol_ptr, row_off, count, BLOCK_K)  # [1, BLOCK_K]
+    col = sorted_columns(skey_ptr, scol_ptr, row_off, count, BLOCK_K)  # [ROWS, BLOCK_K]
     slot = tl.arange(0, BLOCK_K)[None, :]
     live = col >= 0
     val = tl.load(x_ptr + rows64[:, None] * stride_x + col, mask=live, other=float("-inf"))
     out = rows64[:, None] * k + slot
-    tl.store(idx_ptr + out, col, mask=slot < k)
-    tl.store(val_ptr + out, val, mask=slot < k)
+    emit = in_range[:, None] & (slot < k)
+    tl.store(idx_ptr + out, col, mask=emit)
+    tl.store(val_ptr + out, val, mask=emit)
 
 
 def _tile(c: int) -> int:
     big = 256 if interpreter_active() else 1024
     return max(16, min(big, triton.next_power_of_2(max(c, 1))))
+
+
+def _rows_per_program(r: int, cap: int) -> int:
+    """Rows one program takes: enough for a [ROWS, CAP] buffer tile of about 4K slots (16 rows of a
+    256-expert router), one for rows whose buffer alone is that large."""
+    return max(1, min(triton.next_power_of_2(r), 4096 // cap, 16))
 
 
 def topk(x: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,11 +103,13 @@ def topk(x: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> tuple[
     x = x if x.stride(1) == 1 else x.contiguous()
     bs = _tile(c)
     block_k, cap = buffer_slots(k, bs)
-    skey = torch.empty((r, cap), dtype=torch.int32, device=x.device)
-    scol = torch.empty((r, cap), dtype=torch.int32, device=x.device)
+    rows = _rows_per_program(r, cap)
+    grid = triton.cdiv(r, rows)
+    skey = torch.empty((grid * rows, cap), dtype=torch.int32, device=x.device)  # rows past R: masked
+    scol = torch.empty((grid * rows, cap), dtype=torch.int32, device=x.device)
     lens = lengths if lengths is not None else indices  # unused pointer when HAS_LEN is false
     count_launch("topk")
-    _topk_kernel[(r,)](
+    _topk_kernel[(grid,)](
         x,
         x.stride(0),
         lens,
@@ -110,6 +124,7 @@ def topk(x: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> tuple[
         BS=bs,
         CAP=cap,
         BLOCK_K=block_k,
+        ROWS=rows,
         num_warps=8 if block_k >= 2048 else 4,
     )
     return values, indices
