@@ -101,7 +101,7 @@ def indexer_logits(
     if fp8:
         bd = max(bd, 32)  # fp8 MMA needs K >= 32
         k_scale = k_scale.contiguous()
-    bs = 16 if interpreter_active() else 64
+    bs = 64
     tiles = query_tiles(cu_seqlens_q, t, block_t)
     paged = block_table is not None
     block_size = k_cache.shape[1] if paged else 0
