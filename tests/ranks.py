@@ -2,8 +2,11 @@
 
     results = run_ranks(fn, 2, arg)   # fn(rank, world, arg) -> picklable, run in rank order
 
-`fn` must be importable (a module-level function of a test module). Each rank gets a fresh process
-(spawn), so a failure in one rank is raised here with its traceback instead of hanging the others. The
+`fn` must be importable (a module-level function of a test module). Each rank gets a process of its own,
+so a failure in one rank is raised here with its traceback instead of hanging the others. The processes
+fork from one forkserver that imported torch and its distributed packages once (a spawned rank spends
+about 2 s of CPU importing them; the suite starts some hundred ranks); while a test has changed the
+environment since that server started, its ranks are spawned instead, so that they read it fresh. The
 rendezvous store is this process's, on a port it keeps bound, so concurrent runs (tox's parallel mode) never
 pick the same port.
 """
@@ -21,6 +24,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+#: imported once by the forkserver; nothing of this project (its modules read the environment at import)
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "torch.distributed.checkpoint",
+    "torch._dynamo",
+]
+_server_env: dict[str, str] | None = None
+
+
+def _context():
+    global _server_env
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    if _server_env is None:
+        _server_env = env
+        mp.set_forkserver_preload(_PRELOAD)
+    return mp.get_context("forkserver" if env == _server_env else "spawn")
 
 
 def free_port() -> int:
@@ -55,7 +78,7 @@ def _rank_main(rank: int, world: int, port: int, fn: Callable, args: tuple, queu
 
 def run_ranks(fn: Callable, world: int, *args: Any, timeout: float = 600.0) -> list[Any]:
     """fn(rank, world, *args) on `world` gloo processes -> the results in rank order."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     queue = ctx.Queue()
     # the rendezvous store lives here, on a port the OS picked and this process keeps bound until the ranks
     # are done: no window in which another process (a concurrent tox env, a vLLM engine) can take it
