@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from backends.invariant import certified
 from backends.invariant.gemm import (  # noqa: F401  (grid_bits ... scaled: this module's public names too)
     ENGINE,
     b_form,
@@ -144,7 +145,8 @@ def _column_side(b: torch.Tensor, t: int, weight: bool, engine: str) -> tuple[to
         if entry is not None and not entry.storage.expired() and torch.equal(entry.values, b):
             return entry.f, entry.form
     f = scale_exponent(_col_max(b))
-    form = b_form(to_grid(b, f[..., None, :], t), engine)
+    b_q = to_grid(b, f[..., None, :], t)
+    form = certified.b_form(b_q, f, t) if engine == certified.FORM else b_form(b_q, engine)
     if cacheable:
         _remember(key, _Grid(StorageWeakRef(b.untyped_storage()), b.clone(), f, form))
     return f, form
@@ -180,6 +182,9 @@ def exact_matmul(
     row_max = a.abs().amax(-1) if a.shape[-1] else a.new_zeros(a.shape[:-1])
     if max_over is None:
         e = scale_exponent(row_max)
+        if sum_over is None and certified.applies(a, b, dtype, t, engine):  # one fp64 GEMM, certified
+            f, b_side = _column_side(b, t, weight, certified.FORM)
+            return certified.rounded_fp32(a, e, t, b_side, f)
         f, b_side = _column_side(b, t, weight, engine)
     else:
         e, f = scale_exponent(max_over(row_max.float())), scale_exponent(max_over(_col_max(b).float()))
