@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.invariant.gemm import grid_values, pow2, round_scaled, rounded_product
+from backends.invariant.gemm import pow2, round_scaled, rounded_product
 
 FORM = "fp64c"  # the weight side's cache key next to the engines' forms
 #: the largest K it takes: about K^1.5 2^-29 of the elements are undecided (Gaussian data), each an exact
@@ -39,16 +39,17 @@ def applies(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, t: int, engine
     )
 
 
-def _norms(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """2-norms over dim in fp64 (within about (K + 2) u of the true ones, well inside the bound's 2x)."""
-    return (x * x).sum(dim).sqrt_()
+def _norms(x: torch.Tensor) -> torch.Tensor:
+    """2-norms over the last dim in fp64 (a sum of K products in some order, then sqrt: within about
+    (K + 2) u of the true ones, well inside the bound's 2x)."""
+    return torch.linalg.vecdot(x, x).sqrt_()
 
 
 def b_form(b_q: torch.Tensor, f: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
     """b's grid at its values, B̂ 2^(f_j - t), transposed (fp64 [..., N, K], exact: the undecided
     elements' columns are its rows), and its column norms [..., N]."""
     b_t = b_q.transpose(-1, -2).double().mul_(pow2(f.to(torch.int64) - t)[..., :, None]).contiguous()
-    return b_t, _norms(b_t, -1)
+    return b_t, _norms(b_t)
 
 
 def rounded_fp32(
@@ -57,14 +58,21 @@ def rounded_fp32(
     """RN32(grid(a) @ b_q 2^(e_i + f_j - 2t)) (a [..., M, K], e [..., M], f [..., N]; form = `b_form`)."""
     b_t, nb = form
     k = a.shape[-1]
-    a_s = grid_values(a, e[..., None], t).double().mul_(pow2(e.to(torch.int64) - t)[..., None])
+    # a's grid at its values, round_half_even(a 2^(t - e)) 2^(e - t), in fp64 (every step exact: the
+    # integers of `grid_values`), the powers of two from their exponent bits
+    bits = e.to(torch.int64).unsqueeze(-1) << 52
+    up, down = (
+        (((1023 + t) << 52) - bits).view(torch.float64),
+        (bits + ((1023 - t) << 52)).view(torch.float64),
+    )
+    a_s = (a.double() * up).round_().mul_(down)
     v = torch.matmul(a_s, b_t.transpose(-1, -2))  # [..., M, N]
     r = v.float()
     # decided where |v - r| + 2 gamma_K ||a_i|| ||b_j|| < 2^(E_v - 24), the half-gap of fp32 around v (E_v
     # its binade): then no midpoint lies within the bound of v (the 2x covers gamma_K's 1 / (1 - K u), the
     # norms' rounding and the test's; |v - r| is exact)
-    bound = _norms(a_s, -1).mul_((k + 2) * 2.0**-28)
-    test = (v - r.double()).abs_().mul_(2.0**24).addcmul_(bound[..., :, None], nb[..., None, :])
+    bound = _norms(a_s).mul_((k + 2) * 2.0**-28)
+    test = torch.sub(v, r).abs_().mul_(2.0**24).addcmul_(bound[..., :, None], nb[..., None, :])
     lead = (v.view(torch.int64) & 0x7FF0000000000000).view(torch.float64)  # 2^E_v; 0 for v = 0
     idx = (test >= lead).nonzero()  # [n, batch dims + 2]: few (about K^1.5 2^-29 of them)
     n = idx.shape[0]
