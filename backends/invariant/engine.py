@@ -7,7 +7,9 @@ split would pick.
   GEMMs of exact integer partial sums, or a plain int64 matmul: `ENGINE`; on a CUDA device by a Triton
   kernel's int8 `tl.dot`: the same integers), so any
   order of the K loop, any split of K over ranks and any integer GEMM give the same bits; scaled and
-  rounded once at the end, in integer operations.
+  rounded once at the end, in integer operations. fp32 results on the fp64 engine (K <= 4096) come from
+  one fp64 GEMM whose rounding an any-order error bound certifies per element, P formed exactly only
+  where it cannot (certified.py): the same bits.
 - `tree_sum`: a fixed binary tree of adds over one dimension (zero-padded to a power of two).
 - `exp`, `log`, `sigmoid`, `silu`: fixed formulas of IEEE basic ops in fp32 (bf16 / fp16 through fp32;
   fp64 input in fp64), `sin`, `cos` in fp64 (RoPE's table, which the model builds in fp64), so an
