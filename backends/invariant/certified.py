@@ -6,10 +6,9 @@ C_ij = RN32(X_ij), X_ij = P_ij 2^(e_i + f_j - 2t) = sum_k a_ik b_kj with a_ik = 
 b_kj = B̂_kj 2^(f_j - t) (both exact in fp64). One fp64 GEMM gives v_ij with, in any order, with or
 without fused multiply-adds, |v_ij - X_ij| <= gamma_K sum_k |a_ik b_kj| <= gamma_K ||a_i|| ||b_j||
 (gamma_K = K u / (1 - K u), u = 2^-53; Cauchy-Schwarz; no term is near fp64's underflow: every
-non-zero a_ik b_kj is at least 2^-350). r = RN32(v) is RN32(X) wherever |X - r| < ulp(r) / 4 (the
-narrowest half-gap around a normal fp32, the one below a power of two): tested as |v - r| + bound <
-2^E / 2^26 for r in [2^E, 2^(E+1)) normal, a factor 2 inside it, which covers the rounding of the test's
-own few operations and of the norms. Zero, subnormal, infinite and NaN r never pass. Where the test
+non-zero a_ik b_kj is at least 2^-350). r = RN32(v) is RN32(X) wherever every value within that bound
+of v lies strictly inside r's rounding interval (`undecided`: the narrower half-gap around r, tested with
+a bound of 2 gamma_K, which covers the norms' and the test's own roundings). Where the test
 fails, P_ij is computed exactly (int64) and rounded by `round_scaled`, the rounding's definition; where
 many fail, the whole product takes the two-GEMM form (`rounded_product`). Either way every element is
 RN32(X): the bits of every other engine, by construction.
@@ -52,6 +51,19 @@ def b_form(b_q: torch.Tensor, f: torch.Tensor, t: int) -> tuple[torch.Tensor, to
     return b_t, _norms(b_t)
 
 
+def undecided(v: torch.Tensor, r: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+    """Where r = RN32(v) may not be RN32(X), |X - v| <= bound = row col 2^-24: not where
+    |v - r| + bound < h(r), h(r) = 2^(E - 24) for r in [2^E, 2^(E+1)), 2^(E - 25) when |r| = 2^E (the gap
+    below a power of two is half), the narrower half-gap around r: then every X within the bound of v lies
+    strictly inside r's rounding interval. Tested as 2^24 |v - r| + row col < 2^E or 2^(E - 1), built from
+    r's bits (|r| bits - 1 borrows from the exponent exactly when the significand is zero); zero, subnormal
+    and infinite r never pass. The 2x in `row` covers gamma_K's 1 / (1 - K u), the norms' and this test's
+    roundings (|v - r| is exact: r is v's first 24 bits, rounded)."""
+    mag = (r.view(torch.int32) & 0x7FFFFFFF).clamp_min_(1).sub_(1)
+    h = (mag & 0x7F800000).view(torch.float32)  # 2^E; 2^(E - 1) at a power of two; 0 at 0, 2^-126, subnormals
+    return torch.sub(v, r).abs_().mul_(2.0**24).addcmul_(row, col) >= h
+
+
 def rounded_fp32(
     a: torch.Tensor, e: torch.Tensor, t: int, form: tuple[torch.Tensor, torch.Tensor], f: torch.Tensor
 ) -> torch.Tensor:
@@ -68,13 +80,8 @@ def rounded_fp32(
     a_s = (a.double() * up).round_().mul_(down)
     v = torch.matmul(a_s, b_t.transpose(-1, -2))  # [..., M, N]
     r = v.float()
-    # decided where |v - r| + 2 gamma_K ||a_i|| ||b_j|| < 2^(E_v - 24), the half-gap of fp32 around v (E_v
-    # its binade): then no midpoint lies within the bound of v (the 2x covers gamma_K's 1 / (1 - K u), the
-    # norms' rounding and the test's; |v - r| is exact)
-    bound = _norms(a_s).mul_((k + 2) * 2.0**-28)
-    test = torch.sub(v, r).abs_().mul_(2.0**24).addcmul_(bound[..., :, None], nb[..., None, :])
-    lead = (v.view(torch.int64) & 0x7FF0000000000000).view(torch.float64)  # 2^E_v; 0 for v = 0
-    idx = (test >= lead).nonzero()  # [n, batch dims + 2]: few (about K^1.5 2^-29 of them)
+    bound = _norms(a_s).mul_((k + 2) * 2.0**-28)  # 2^24 2 gamma_K ||a_i||, times ||b_j|| below
+    idx = undecided(v, r, bound[..., :, None], nb[..., None, :]).nonzero()  # [n, batch dims + 2]: few
     n = idx.shape[0]
     if n == 0:
         return r

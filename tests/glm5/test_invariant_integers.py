@@ -197,3 +197,15 @@ def test_the_certified_fp64_gemm_gives_the_integer_products_bits(k):
         want = num.exact_matmul(x, y, torch.float32, engine="int64")
         got = num.exact_matmul(x, y, torch.float32, engine="fp64")
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_the_certificate_uses_the_narrower_half_gap_below_a_power_of_two():
+    """v just above r = 1 with a bound of 0.75 fp32 half-ulps: X may lie below 1 - 2^-25, the midpoint
+    under 1 (the gap below a power of two is half), and round to 1 - 2^-24, so it is undecided; the same
+    bound around 1.5, or 0.45 of it around 1, decides."""
+    from backends.invariant import certified
+
+    v = torch.tensor([1 + 2.0**-40, 1.5 + 2.0**-40, 1 + 2.0**-40, 0.0, 2.0**-140], dtype=torch.float64)
+    bound = torch.tensor([0.75, 0.75, 0.45, 0.0, 0.0], dtype=torch.float64)
+    got = certified.undecided(v, v.float(), bound, torch.ones(5, dtype=torch.float64))
+    assert got.tolist() == [True, False, False, True, True]  # zero and subnormal r never pass
