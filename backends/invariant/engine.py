@@ -7,7 +7,9 @@ split would pick.
   GEMMs of exact integer partial sums, or a plain int64 matmul: `ENGINE`; on a CUDA device by a Triton
   kernel's int8 `tl.dot`: the same integers), so any
   order of the K loop, any split of K over ranks and any integer GEMM give the same bits; scaled and
-  rounded once at the end, in integer operations.
+  rounded once at the end, in integer operations. fp32 results on the fp64 engine (K <= 4096) come from
+  one fp64 GEMM whose rounding an any-order error bound certifies per element, P formed exactly only
+  where it cannot (certified.py): the same bits.
 - `tree_sum`: a fixed binary tree of adds over one dimension (zero-padded to a power of two).
 - `exp`, `log`, `sigmoid`, `silu`: fixed formulas of IEEE basic ops in fp32 (bf16 / fp16 through fp32;
   fp64 input in fp64), `sin`, `cos` in fp64 (RoPE's table, which the model builds in fp64), so an
@@ -28,6 +30,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from backends.invariant import certified
 from backends.invariant.gemm import (  # noqa: F401  (grid_bits ... scaled: this module's public names too)
     ENGINE,
     b_form,
@@ -144,7 +147,8 @@ def _column_side(b: torch.Tensor, t: int, weight: bool, engine: str) -> tuple[to
         if entry is not None and not entry.storage.expired() and torch.equal(entry.values, b):
             return entry.f, entry.form
     f = scale_exponent(_col_max(b))
-    form = b_form(to_grid(b, f[..., None, :], t), engine)
+    b_q = to_grid(b, f[..., None, :], t)
+    form = certified.b_form(b_q, f, t) if engine == certified.FORM else b_form(b_q, engine)
     if cacheable:
         _remember(key, _Grid(StorageWeakRef(b.untyped_storage()), b.clone(), f, form))
     return f, form
@@ -180,6 +184,9 @@ def exact_matmul(
     row_max = a.abs().amax(-1) if a.shape[-1] else a.new_zeros(a.shape[:-1])
     if max_over is None:
         e = scale_exponent(row_max)
+        if sum_over is None and certified.applies(a, b, dtype, t, engine):  # one fp64 GEMM, certified
+            f, b_side = _column_side(b, t, weight, certified.FORM)
+            return certified.rounded_fp32(a, e, t, b_side, f)
         f, b_side = _column_side(b, t, weight, engine)
     else:
         e, f = scale_exponent(max_over(row_max.float())), scale_exponent(max_over(_col_max(b).float()))

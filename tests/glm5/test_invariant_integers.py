@@ -151,3 +151,61 @@ def test_the_fp64_engines_rounding_to_odd_gives_the_integer_roundings_bits():
     assert (
         gemm._round_odd_fp32(zero, zero, torch.zeros(1, dtype=torch.int64), n_row[:1]).view(torch.int32) == 0
     )
+
+
+def _midpoint_operands() -> tuple[torch.Tensor, torch.Tensor]:
+    """a [1, 3], b [3, 1] whose grids (t = 27, e = f = 0) give P = 2^54 - 2^32 + 2^29 + 1: an fp32 midpoint
+    plus one, which every fp64 summation order rounds to the midpoint itself (ulp 4 there)."""
+    a = torch.tensor([[1 - 2.0**-23, 2.0**-19, 2.0**-27]])
+    b = torch.tensor([[1 - 2.0**-23], [(2**21 - 1) * 2.0**-27], [2.0**-27]])
+    return a, b
+
+
+def test_the_certified_fp64_gemm_falls_back_where_its_bound_cannot_decide():
+    """One fp64 GEMM rounds to fp32 wrongly at this midpoint (ties to even instead of up): the certificate
+    must send the element to the exact integer product. Alone, and among random elements, in a broadcast
+    batch, and as a whole matrix of them (the two-GEMM form)."""
+    a, b = _midpoint_operands()
+    assert gemm.grid_bits(3) == 27
+    plain = (a.double() @ b.double()).float()  # the grid is a, b themselves (times 2^27): v = the midpoint
+    want = num.exact_matmul(a, b, engine="int64")
+    assert not torch.equal(plain, want)
+    assert torch.equal(num.exact_matmul(a, b, engine="fp64"), want)
+    rand_a, rand_b = torch.randn(2, 3, 5, 3, generator=_g(6)), torch.randn(3, 3, 4, generator=_g(7))
+    rand_a[1, 2, 0], rand_b[2, :, 3] = a[0], b[:, 0]
+    want = num.exact_matmul(rand_a, rand_b, engine="int64")
+    assert torch.equal(
+        num.exact_matmul(rand_a, rand_b, engine="fp64").view(torch.int32), want.view(torch.int32)
+    )
+    many_a, many_b = a.expand(40, 3), b.expand(3, 30)
+    assert torch.equal(
+        num.exact_matmul(many_a, many_b, engine="fp64"), num.exact_matmul(many_a, many_b, engine="int64")
+    )
+
+
+@pytest.mark.parametrize("k", [1, 64, 576, 2048, 4096])
+def test_the_certified_fp64_gemm_gives_the_integer_products_bits(k):
+    """fp32 results of the fp64 engine (one GEMM, certified) against the int64 engine: random, integer
+    (cancellations to exact zeros), tiny (subnormal results), bf16 and zero rows / columns."""
+    g = _g(k)
+    a, b = torch.randn(33, k, generator=g), torch.randn(k, 17, generator=g)
+    cases = [(a, b), (a.round(), b.round()), (a * 1e-25, b * 1e-18), (a.bfloat16(), b)]
+    zero_a, zero_b = a.clone(), b.clone()
+    zero_a[3], zero_b[:, 5] = 0, 0
+    cases.append((zero_a, zero_b))
+    for x, y in cases:
+        want = num.exact_matmul(x, y, torch.float32, engine="int64")
+        got = num.exact_matmul(x, y, torch.float32, engine="fp64")
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_the_certificate_uses_the_narrower_half_gap_below_a_power_of_two():
+    """v just above r = 1 with a bound of 0.75 fp32 half-ulps: X may lie below 1 - 2^-25, the midpoint
+    under 1 (the gap below a power of two is half), and round to 1 - 2^-24, so it is undecided; the same
+    bound around 1.5, or 0.45 of it around 1, decides."""
+    from backends.invariant import certified
+
+    v = torch.tensor([1 + 2.0**-40, 1.5 + 2.0**-40, 1 + 2.0**-40, 0.0, 2.0**-140], dtype=torch.float64)
+    bound = torch.tensor([0.75, 0.75, 0.45, 0.0, 0.0], dtype=torch.float64)
+    got = certified.undecided(v, v.float(), bound, torch.ones(5, dtype=torch.float64))
+    assert got.tolist() == [True, False, False, True, True]  # zero and subnormal r never pass
