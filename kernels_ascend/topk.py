@@ -8,12 +8,12 @@ Each candidate gets an int32 key, monotone in (class, value): the fp32 widening'
 for negative values (so -0.0 and +0.0 share key 0), and INT32_MIN for NaN (every payload and sign alike;
 -inf is -0x7F800000). A row of n candidates, kk = min(k, n), takes four phases:
 
-0. keys: one pass over x writes the row's keys to an [R, C] int32 scratch (tiles of BLOCK_C columns).
-1. threshold: tau = the kk-th largest key, built bit by bit (the sign, then bits 30..LOW) from counts
+0. keys: one pass over x writes the row's keys to an [R, C] int32 scratch (1-D tiles of BLOCK_C columns).
+   A row that keeps every candidate (kk == n, or n <= SMALL_ROW, where ranking all of them is cheaper
+   than the search) writes them to the kept area instead (slot = column) and goes to phase 3.
+1. threshold: tau = the kk-th largest key, built bit by bit from the sign down to bit LOW from counts
    #(key >= trial), one 1-D pass over the keys per bit, counted per lane and reduced once per pass.
    fp16 / bf16 widenings have the low 13 / 16 bits of every key zero, so those are skipped (LOW).
-   Rows with kk == n, or with n <= SMALL_ROW (where ranking everything is cheaper), keep tau = INT32_MIN:
-   every candidate is kept.
 2. selection: every key > tau is kept, and the first kk - #(key > tau) ties == tau in column order (one
    cumsum per tile carries both running counts); the kept (key, column) pairs go, in column order, to an
    [R, max(k, min(C, SMALL_ROW))] int32 scratch.
@@ -21,7 +21,7 @@ for negative values (so -0.0 and +0.0 share key 0), and INT32_MIN for NaN (every
    counted tile against tile (BLOCK_R x BLOCK_R, 16 KB per int32 tile pair, inside the unified buffer);
    entries ranked < kk are scattered to output slot `rank`.
 
-Cost per row: fp32 34, fp16 21, bf16 18 passes over n keys in 1-D tiles (8 KB) plus kk^2 compares
+Cost per row: fp32 35, fp16 22, bf16 19 passes over n keys in 1-D tiles (8 KB) plus kk^2 compares
 (min(n, SMALL_ROW)^2 for short rows); scratch R * (C + 2 max(k, min(C, SMALL_ROW))) * 4 bytes. Every
 step is a count or a cumsum in column order: no sort, no atomics, ties resolve to the lower index exactly
 as the reference. Comparisons are of keys of the fp32 widening (exact for fp16/bf16); values are copied
@@ -84,9 +84,13 @@ def _topk_kernel(
             key_row = key_ptr + row * C
             out = row * W  # the row's kept entries in the scratch
             if kk > 0:
-                # 0. keys into scratch, counting #(key >= 0) on the way (the search's sign step). Counts are
-                # accumulated per lane and reduced once per pass.
-                acc = tl.zeros([BLOCK], dtype=tl.int32)
+                # a row that keeps every candidate (kk == n, or a short row, ranked whole: cheaper than the
+                # search) writes its keys straight to the kept area (slot = column) and skips phases 1-2
+                keep_all = (kk == n) | (n <= SMALL_N)
+                dst = key_row
+                if keep_all:
+                    dst = skey_ptr + out
+                # 0. keys
                 for c0 in range(0, n, BLOCK):
                     offs = c0 + tl.arange(0, BLOCK)
                     m = offs < n
@@ -94,54 +98,52 @@ def _topk_kernel(
                     mag = bits & 0x7FFFFFFF
                     key = tl.where(bits < 0, -mag, mag)
                     key = tl.where(mag > 0x7F800000, tl.full([BLOCK], -2147483648, tl.int32), key)
-                    tl.store(key_row + offs, key, mask=m)
-                    acc += (m & (key >= 0)).to(tl.int32)
-                n_pos = tl.sum(acc, axis=0)
+                    tl.store(dst + offs, key, mask=m)
+                    tl.store(scol_ptr + out + offs, offs, mask=m & keep_all)
                 tl.debug_barrier()  # the keys stored above are read back below
-                # 1. tau = max t with #(key >= t) >= kk, bit by bit (#(key >= INT32_MIN) = n >= kk at the
-                # start). Columns past n load INT32_MIN, below every trial: never counted. A row that keeps
-                # every candidate (kk == n, or a short row ranked whole) keeps tau = INT32_MIN.
-                tau = -2147483648
                 n_keep = n
-                if (kk < n) & (n > SMALL_N):
+                if not keep_all:
                     n_keep = kk
-                    tau = tl.where(n_pos >= kk, 0, -2147483648)
-                    for s in range(0, 31 - LOW):
-                        trial = tau | (1 << (30 - s))
+                    # 1. tau = max t with #(key >= t) >= kk, bit by bit in the order of u = key + 2^31: tau
+                    # starts at INT32_MIN (u = 0, where the count is n >= kk) and toggling bit 31 - s of tau
+                    # sets that bit of u (1 << 31 is INT32_MIN). Columns past n load INT32_MIN, below every
+                    # trial: never counted. Counts are accumulated per lane and reduced once per pass.
+                    tau = tl.full([], -2147483648, tl.int32)
+                    for s in range(0, 32 - LOW):
+                        trial = tau ^ (1 << (31 - s))
                         acc = tl.zeros([BLOCK], dtype=tl.int32)
                         for c0 in range(0, n, BLOCK):
                             offs = c0 + tl.arange(0, BLOCK)
-                            acc += (tl.load(key_row + offs, mask=offs < n, other=-2147483648) >= trial).to(
-                                tl.int32
-                            )
+                            key = tl.load(key_row + offs, mask=offs < n, other=-2147483648)
+                            acc += (key >= trial).to(tl.int32)
                         tau = tl.where(tl.sum(acc, axis=0) >= kk, trial, tau)
-                # 2. keep keys > tau and the first `room` ties == tau, compacted in column order. One cumsum
-                # carries both running counts: keys above in the high half, ties in the low (BLOCK < 2^16).
-                tl.static_assert(BLOCK < 65536)
-                acc = tl.zeros([BLOCK], dtype=tl.int32)
-                for c0 in range(0, n, BLOCK):
-                    offs = c0 + tl.arange(0, BLOCK)
-                    acc += (tl.load(key_row + offs, mask=offs < n, other=-2147483648) > tau).to(tl.int32)
-                room = n_keep - tl.sum(acc, axis=0)
-                above = 0  # keys > tau in earlier tiles
-                ties = 0  # keys == tau in earlier tiles
-                for c0 in range(0, n, BLOCK):
-                    offs = c0 + tl.arange(0, BLOCK)
-                    m = offs < n
-                    key = tl.load(key_row + offs, mask=m, other=-2147483648)
-                    gt = key > tau
-                    eq = m & (key == tau)
-                    packed = gt.to(tl.int32) * 65536 + eq.to(tl.int32)
-                    both = tl.cumsum(packed, axis=0)
-                    tie_rank = ties + (both & 65535)  # 1-based among the row's ties, for an eq lane
-                    take = gt | (eq & (tie_rank <= room))
-                    slot = out + above + (both >> 16) + tl.minimum(tie_rank, room) - 1
-                    tl.store(skey_ptr + slot, key, mask=take)
-                    tl.store(scol_ptr + slot, offs, mask=take)
-                    total = tl.sum(packed, axis=0)
-                    above += total >> 16
-                    ties += total & 65535
-                tl.debug_barrier()  # the kept entries stored above are read back below
+                    # 2. keep keys > tau and the first `room` ties == tau, compacted in column order. One
+                    # cumsum carries both running counts: keys above in the high half, ties in the low.
+                    tl.static_assert(BLOCK < 65536)
+                    acc = tl.zeros([BLOCK], dtype=tl.int32)
+                    for c0 in range(0, n, BLOCK):
+                        offs = c0 + tl.arange(0, BLOCK)
+                        acc += (tl.load(key_row + offs, mask=offs < n, other=-2147483648) > tau).to(tl.int32)
+                    room = kk - tl.sum(acc, axis=0)
+                    above = 0  # keys > tau in earlier tiles
+                    ties = 0  # keys == tau in earlier tiles
+                    for c0 in range(0, n, BLOCK):
+                        offs = c0 + tl.arange(0, BLOCK)
+                        m = offs < n
+                        key = tl.load(key_row + offs, mask=m, other=-2147483648)
+                        gt = key > tau
+                        eq = m & (key == tau)
+                        packed = gt.to(tl.int32) * 65536 + eq.to(tl.int32)
+                        both = tl.cumsum(packed, axis=0)
+                        tie_rank = ties + (both & 65535)  # 1-based among the row's ties, for an eq lane
+                        take = gt | (eq & (tie_rank <= room))
+                        slot = out + above + (both >> 16) + tl.minimum(tie_rank, room) - 1
+                        tl.store(skey_ptr + slot, key, mask=take)
+                        tl.store(scol_ptr + slot, offs, mask=take)
+                        total = tl.sum(packed, axis=0)
+                        above += total >> 16
+                        ties += total & 65535
+                    tl.debug_barrier()  # the kept entries stored above are read back below
                 # 3. rank of each kept entry among the n_keep (slot order is column order); slots past n_keep
                 # load INT32_MIN at a later slot, so they never count as before a kept entry
                 for i0 in range(0, n_keep, BLOCK_K):

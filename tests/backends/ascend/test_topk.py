@@ -37,7 +37,7 @@ def adversarial_rows(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 rows longer than two tiles (not a tile multiple) that stress the threshold search and the
     tie selection; lengths around the small-row bound and k."""
     c = 2 * BLOCK_C + 37
-    x = torch.randint(-2, 3, (14, c), generator=g).float()  # ties everywhere
+    x = torch.randint(-2, 3, (15, c), generator=g).float()  # ties everywhere
     x[0] = 1.0  # all equal: every key is the threshold
     # all NaN, of both signs and several payloads
     nan_bits = torch.tensor([0x7FC00000, -0x00400000, 0x7F800001, 0x7FC00123], dtype=torch.int32)
@@ -53,14 +53,19 @@ def adversarial_rows(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     x[4, c - 20 :] = 2.0
     x[5] = torch.randn(c, generator=g)
     x[6] = x[5].abs().neg()  # every key negative: the sign step answers "no"
-    lengths = torch.tensor([c, c, c, c, c, 3000, 3000, 0, 1, SMALL_ROW, SMALL_ROW + 1, 300, 299, c - 1])
+    lengths = torch.tensor([c, c, c, c, c, 3000, 3000, 0, 1, SMALL_ROW, SMALL_ROW + 1, 300, 299, c - 1, c])
     return x, lengths
 
 
 def test_threshold_search_edges_match_reference_bitwise(backend, reference):
-    x32, lengths = adversarial_rows(torch.Generator().manual_seed(1))
-    for dt in (torch.float32, torch.bfloat16, torch.float16):
+    g = torch.Generator().manual_seed(1)
+    x32, lengths = adversarial_rows(g)
+    # k = 300 > SMALL_ROW: ranked in several tiles; == one length, > another. fp16 / bf16 skip low key bits.
+    for dt, k in ((torch.float32, 1), (torch.float32, 300), (torch.bfloat16, 300), (torch.float16, 300)):
         x = x32.to(dt)
-        for k in (1, 300):  # 300 > SMALL_ROW: ranked in several tiles; == one length, > another
-            assert_same(backend.topk(x, k, lengths), reference.topk(x, k, lengths))
+        # the last row: adjacent values of the dtype, each twice (1 + 1916 pairs above), so the 300th largest
+        # has an odd last bit and ties with the 301st
+        base = x[0, 0].view(BITS[dt])  # 1.0: an even bit pattern
+        x[-1] = (base + (torch.randperm(x.shape[1], generator=g) + 2).to(base.dtype) // 2).view(dt)
+        assert_same(backend.topk(x, k, lengths), reference.topk(x, k, lengths))
     assert_same(backend.topk(x32[:6], 64), reference.topk(x32[:6], 64))  # no lengths
