@@ -87,9 +87,7 @@ def _topk_kernel(
                 # a row that keeps every candidate (kk == n, or a short row, ranked whole: cheaper than the
                 # search) writes its keys straight to the kept area (slot = column) and skips phases 1-2
                 keep_all = (kk == n) | (n <= SMALL_N)
-                dst = key_row
-                if keep_all:
-                    dst = skey_ptr + out
+                search = (kk < n) & (n > SMALL_N)  # not keep_all
                 # 0. keys
                 for c0 in range(0, n, BLOCK):
                     offs = c0 + tl.arange(0, BLOCK)
@@ -98,11 +96,12 @@ def _topk_kernel(
                     mag = bits & 0x7FFFFFFF
                     key = tl.where(bits < 0, -mag, mag)
                     key = tl.where(mag > 0x7F800000, tl.full([BLOCK], -2147483648, tl.int32), key)
-                    tl.store(dst + offs, key, mask=m)
+                    tl.store(key_row + offs, key, mask=m & search)
+                    tl.store(skey_ptr + out + offs, key, mask=m & keep_all)
                     tl.store(scol_ptr + out + offs, offs, mask=m & keep_all)
                 tl.debug_barrier()  # the keys stored above are read back below
                 n_keep = n
-                if not keep_all:
+                if search:
                     n_keep = kk
                     # 1. tau = max t with #(key >= t) >= kk, bit by bit in the order of u = key + 2^31: tau
                     # starts at INT32_MIN (u = 0, where the count is n >= kk) and toggling bit 31 - s of tau
