@@ -63,8 +63,8 @@ def test_threshold_search_edges_match_reference_bitwise(backend, reference):
     # k = 300 > SMALL_ROW: ranked in several tiles; == one length, > another. fp16 / bf16 skip low key bits.
     for dt, k in ((torch.float32, 1), (torch.float32, 300), (torch.bfloat16, 300), (torch.float16, 300)):
         x = x32.to(dt)
-        # the last row: adjacent values of the dtype, each twice (1 + 1916 pairs above), so the 300th largest
-        # has an odd last bit and ties with the 301st
+        # the last row: adjacent values of the dtype, the largest once and every other twice, so the 300th
+        # largest has an odd last bit and ties with the 301st
         base = x[0, 0].view(BITS[dt])  # 1.0: an even bit pattern
         x[-1] = (base + (torch.randperm(x.shape[1], generator=g) + 2).to(base.dtype) // 2).view(dt)
         assert_same(backend.topk(x, k, lengths), reference.topk(x, k, lengths))
