@@ -23,8 +23,14 @@ from glm5.parallel.group import TorchGroup
 from quant.load import export
 from quant.quantize import quantize_model
 from tests.ranks import run_ranks
-from tests.vllm._util import MAX_TOKENS, available, engine_env, fp8_exportable_bf16_model, run_engine
-from tests.vllm.test_mtp import NUM_DRAFT, mtp_checkpoint  # noqa: F401 (a fixture)
+from tests.vllm._util import (
+    MAX_TOKENS,
+    NUM_DRAFT,
+    available,
+    engine_env,
+    fp8_exportable_bf16_model,
+    run_engine,
+)
 from tests.vllm.test_quantized import _teacher_forced
 from tests.vllm.test_tp import ENGINE, TP2
 
@@ -126,7 +132,7 @@ def test_a_dummy_load_serves_a_quantized_model(tiny_checkpoint, prompts, scratch
     assert len(r["tokens"][0]) == 4 and r["stats"]["calls"]["w8a8_matmul"] > 0
 
 
-def test_mtp_drafts_from_a_quantized_checkpoint(mtp_checkpoint, prompts, scratch, tmp_path):  # noqa: F811
+def test_mtp_drafts_from_a_quantized_checkpoint(mtp_checkpoint, prompts, scratch, tmp_path):
     """The MTP draft of a W8A8 export loads only its MTP layers' tensors through vLLM's iterator (the rest is
     the target's): vLLM's tokens and accepted drafts equal the project's speculative decoder on it."""
     model = load_model(mtp_checkpoint, backend="reference")
