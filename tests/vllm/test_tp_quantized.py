@@ -23,8 +23,14 @@ from glm5.parallel.group import TorchGroup
 from quant.load import export
 from quant.quantize import quantize_model
 from tests.ranks import run_ranks
-from tests.vllm._util import MAX_TOKENS, available, engine_env, fp8_exportable_bf16_model, run_engine
-from tests.vllm.test_mtp import NUM_DRAFT, mtp_checkpoint  # noqa: F401 (a fixture)
+from tests.vllm._util import (
+    MAX_TOKENS,
+    NUM_DRAFT,
+    available,
+    engine_env,
+    fp8_exportable_bf16_model,
+    run_engine,
+)
 from tests.vllm.test_quantized import _teacher_forced
 from tests.vllm.test_tp import ENGINE, TP2
 
@@ -126,16 +132,12 @@ def test_a_dummy_load_serves_a_quantized_model(tiny_checkpoint, prompts, scratch
     assert len(r["tokens"][0]) == 4 and r["stats"]["calls"]["w8a8_matmul"] > 0
 
 
-def test_mtp_drafts_from_a_quantized_checkpoint(mtp_checkpoint, prompts, scratch, tmp_path):  # noqa: F811
+def test_mtp_drafts_from_a_quantized_checkpoint(w8a8_mtp, prompts):
     """The MTP draft of a W8A8 export loads only its MTP layers' tensors through vLLM's iterator (the rest is
-    the target's): vLLM's tokens and accepted drafts equal the project's speculative decoder on it."""
-    model = load_model(mtp_checkpoint, backend="reference")
-    quantize_model(model, "glm5-w8a8")
-    out = tmp_path / "tiny-mtp-w8a8"
-    export(model, out, "modelslim")
-    spec = {"method": "mtp", "num_speculative_tokens": NUM_DRAFT}
-    r = run_engine(scratch, "reference", model=str(out), prompts=prompts, speculative_config=spec)
-    quantized = load_model(out, backend="reference").requires_grad_(False)
+    the target's): vLLM's tokens and accepted drafts equal the project's speculative decoder on it. The engine
+    (TP=1) is the session's `w8a8_mtp` (conftest.py), which test_quantized.py's msModelSlim case reads too."""
+    r = w8a8_mtp
+    quantized = load_model(r["export"], backend="reference").requires_grad_(False)
     runs = [
         generate_speculative(quantized, torch.tensor([p]), MAX_TOKENS, num_draft=NUM_DRAFT) for p in prompts
     ]
