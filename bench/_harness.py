@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import sys
 import time
@@ -126,3 +127,23 @@ def interleaved_s(fns: dict[str, Callable[[], Any]], runs: int, warmup: int = 1)
             fn()
             times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def gloo_ranks(target: Callable[..., None], world: int, *args: Any) -> list[Any]:
+    """target(rank, world, port, *args, queue) on `world` spawned processes, one thread each: each joins
+    gloo at 127.0.0.1:port itself and puts (rank, result) on the queue. Returns the results in rank order."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ["OMP_NUM_THREADS"] = "1"
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get() for _ in range(world))
+    for p in procs:
+        p.join()
+    return [results[r] for r in range(world)]

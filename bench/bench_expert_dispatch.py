@@ -30,13 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from backends.moe import dispatch as moe
 from backends.moe import expert_parallel as expert_dispatch
@@ -44,6 +44,10 @@ from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
 from glm5.parallel import plan
 from glm5.parallel.group import Single, TorchGroup, sum_in_rank_order
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._harness import gloo_ranks  # noqa: E402
 
 CONFIGS = {
     "tiny": {},
@@ -230,20 +234,7 @@ def measure(name: str, tokens: int, runs: int, world: int = 2) -> dict:
             rows[0] = 0
             model(_ids(cfg, tokens // world, 2 + r))
             unsplit["half_rows"].append(rows[0])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ["OMP_NUM_THREADS"] = "1"
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    args = (world, port, name, tokens, runs, unsplit, queue)
-    procs = [ctx.Process(target=_rank, args=(r, *args)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get() for _ in range(world))
-    for p in procs:
-        p.join()
-    per_rank = [results[r] for r in range(world)]
+    per_rank = gloo_ranks(_rank, world, name, tokens, runs, unsplit)
     row = {"config": name, "tokens": tokens, "ep": world, "single_s": single_s}
     row["round_trip_s"] = max(r["round_trip_s"] for r in per_rank)
     for key in ("replicated", "masked", "local", "old", "balanced"):

@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch.multiprocessing as mp
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._harness import gloo_ranks  # noqa: E402
 
 TARGET = 0.05
 
@@ -45,27 +45,9 @@ def _rank(rank: int, world: int, port: int, steps: dict, queue) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(steps: dict, world: int = 2) -> list[tuple]:
     """Every rank's rows (layout, step, rank, what, key, ledger, measured)."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, steps, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    rows = dict(queue.get() for _ in range(world))
-    for p in procs:
-        p.join()
-    return [row for r in range(world) for row in rows[r]]
+    return [row for rows in gloo_ranks(_rank, world, steps) for row in rows]
 
 
 def _fmt(x: float) -> str:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from glm5.core.config import GLM5Config
 from glm5.core.model import GLM5ForCausalLM
@@ -27,6 +26,10 @@ from glm5.train.muon.layout import SCHEMES
 from glm5.train.muon.optimizer import blocks_for, uses_adamw
 from glm5.train.muon.sharded import DistributedMuon
 from glm5.train.muon.traffic import muon_bytes, muon_params
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._harness import gloo_ranks  # noqa: E402
 
 
 def _rank(rank: int, world: int, port: int, steps: int, queue) -> None:
@@ -69,19 +72,7 @@ def _rank(rank: int, world: int, port: int, steps: int, queue) -> None:
 
 
 def measure(world: int, steps: int) -> list[dict]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ["OMP_NUM_THREADS"] = "1"
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, steps, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(queue.get() for _ in range(world))
-    for p in procs:
-        p.join()
-    return [results[r] for r in range(world)]
+    return gloo_ranks(_rank, world, steps)
 
 
 def main() -> None:
