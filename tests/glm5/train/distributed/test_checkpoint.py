@@ -22,34 +22,7 @@ from glm5.cli import main
 from glm5.core.model import GLM5ForCausalLM
 from glm5.train.distributed import checkpoint as dist_state
 from glm5.train.loop.trainer import TrainConfig, Trainer
-
-ARGS = [
-    "--batch-size",
-    "4",
-    "--seq-len",
-    "32",
-    "--eval-every",
-    "2",
-    "--save-every",
-    "2",
-    "--quiet",
-    "--no-rollout-check",
-]
-
-
-def _train(out: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "glm5.cli", "train", "--nproc", str(nproc), "--out", str(out), *ARGS, *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
-def _records(out: Path) -> list[dict]:
-    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    for r in recs:
-        r.pop("step_s")
-    return recs
+from tests.glm5.train._runs import TRAIN_ARGS, records, train_cli
 
 
 def _shards(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -64,7 +37,7 @@ def _shards(ckpt: Path) -> dict[str, torch.Tensor]:
 def straight(tmp_path_factory) -> Path:
     """4 steps on 2 ranks, checkpoints at 2 and 4."""
     out = tmp_path_factory.mktemp("dist") / "straight"
-    _train(out, "--steps", "4")
+    train_cli(out, "--nproc", "2", "--steps", "4")
     return out
 
 
@@ -74,8 +47,8 @@ def test_a_two_rank_run_stopped_after_a_save_resumes_bit_exactly(straight, tmp_p
     shutil.rmtree(out / "checkpoints" / "step-000004")
     (out / "checkpoints" / "latest").unlink()
     (out / "checkpoints" / "latest").symlink_to("step-000002")
-    _train(out, "--steps", "4", "--resume")
-    assert _records(out) == _records(straight)  # every loss, norm and eval bitwise
+    train_cli(out, "--nproc", "2", "--steps", "4", "--resume")
+    assert records(out) == records(straight)  # every loss, norm and eval bitwise
     a, b = _shards(straight / "checkpoints" / "latest"), _shards(out / "checkpoints" / "latest")
     assert a.keys() == b.keys() and len(a) > 100
     assert all(torch.equal(a[k], b[k]) for k in a)  # parameters and optimizer state
@@ -112,8 +85,8 @@ def test_the_checkpoint_loads_at_one_rank_and_at_four_and_both_continue_the_run(
     }
     assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
     trainer.run(progress=False)
-    _train(four, "--steps", "6", "--resume", nproc=4)
-    r1, r4 = _records(one)[4:], _records(four)[4:]
+    train_cli(four, "--nproc", "4", "--steps", "6", "--resume")
+    r1, r4 = records(one)[4:], records(four)[4:]
     assert [r["step"] for r in r1] == [r["step"] for r in r4] == [5, 6]
     for a, b in zip(r1, r4, strict=True):
         for key in ("loss", "lm_loss", "grad_norm", "eval_loss"):
@@ -178,7 +151,7 @@ def test_a_two_rank_run_whose_launcher_is_killed_stops_and_resumes_bit_exactly(s
     uninterrupted run ended."""
     out = tmp_path / "killed"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "glm5.cli", "train", "--nproc", "2", "--out", str(out), *ARGS]
+    cmd = [sys.executable, "-m", "glm5.cli", "train", "--nproc", "2", "--out", str(out), *TRAIN_ARGS]
     proc = subprocess.Popen(
         [*cmd, "--steps", "4"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -196,7 +169,7 @@ def test_a_two_rank_run_whose_launcher_is_killed_stops_and_resumes_bit_exactly(s
         assert time.monotonic() < deadline, f"ranks still running 10 s after the launcher died: {ranks}"
         time.sleep(0.05)
     assert not (out / "checkpoints" / "step-000004").exists(), "the run saved step 4 before it was killed"
-    _train(out, "--steps", "4", "--resume")
-    assert _records(out) == _records(straight)
+    train_cli(out, "--nproc", "2", "--steps", "4", "--resume")
+    assert records(out) == records(straight)
     a, b = _shards(straight / "checkpoints" / "latest"), _shards(out / "checkpoints" / "latest")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -23,6 +23,7 @@ from glm5.train.loop.trainer import TrainConfig, Trainer
 from glm5.train.muon.layout import chunk_ranges
 from glm5.train.muon.optimizer import build_optimizers
 from tests.glm5.train._dist import spawn
+from tests.glm5.train._runs import records
 from tests.glm5.train.distributed.test_fsdp import BATCH, _ids, _model, _objective
 
 MESH = Mesh(dp=2, tp=2)
@@ -189,15 +190,8 @@ def test_dp2_tp2_muon_is_bitwise_the_one_process_update_with_whole_heads_moving_
     assert total_ns == expected, (total_ns, expected, ns_one)
 
 
-def _records(run: Path) -> list[dict]:
-    recs = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
-    for r in recs:
-        r.pop("step_s")
-    return recs
-
-
 def test_a_dp2_tp2_checkpoint_resumes_bit_exactly_and_loads_at_one_process(mesh2d, tmp_path):
-    assert _records(mesh2d / "resumed") == _records(mesh2d / "run")
+    assert records(mesh2d / "resumed") == records(mesh2d / "run")
     run = tmp_path / "run"
     shutil.copytree(mesh2d / "run", run, symlinks=True)
     trainer = Trainer(TrainConfig(steps=3), run, resume=True)  # 1 process: the 2-D parts put together
@@ -206,7 +200,7 @@ def test_a_dp2_tp2_checkpoint_resumes_bit_exactly_and_loads_at_one_process(mesh2
     assert tuple(q_b.shape) == (cfg.num_attention_heads * cfg.qk_head_dim, cfg.q_lora_rank)
     assert all(len(st) for o in trainer.optimizers for st in o.state.values())
     trainer.run(progress=False)
-    assert [r["step"] for r in _records(run)] == [1, 2, 3]
+    assert [r["step"] for r in records(run)] == [1, 2, 3]
 
 
 def test_a_20_step_dp2_tp2_run_trains(mesh2d):

@@ -6,10 +6,7 @@ refusals in one line."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,34 +19,9 @@ from glm5.cli import main
 from glm5.cli_args import MODEL_DEFAULT_BACKEND
 from glm5.train.distributed import checkpoint as dist_state
 from glm5.train.loop.trainer import TrainConfig, Trainer
+from tests.glm5.train._runs import TRAIN_ARGS, records, train_cli
 
-ARGS = [
-    "--batch-size",
-    "4",
-    "--seq-len",
-    "32",
-    "--eval-every",
-    "2",
-    "--save-every",
-    "2",
-    "--quiet",
-    "--no-rollout-check",
-]
 PP = ["--nproc", "2", "--mesh", "pp=2"]
-
-
-def _train(out: Path, *args: str) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "glm5.cli", "train", "--out", str(out), *ARGS, *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
-def _records(out: Path) -> list[dict]:
-    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    for r in recs:
-        r.pop("step_s")
-    return recs
 
 
 def _tensors(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -65,7 +37,7 @@ def straight(tmp_path_factory) -> Path:
     """4 steps of interleaved 1F1B (4 stages on 2 ranks, the MTP layer on its own), 2 micro-batches,
     decoder layers recomputed in the backward, checkpoints at 2 and 4."""
     out = tmp_path_factory.mktemp("pp") / "straight"
-    _train(
+    train_cli(
         out,
         *PP,
         "--pp-schedule",
@@ -88,8 +60,8 @@ def test_a_pp_run_stopped_after_a_save_resumes_bit_exactly(straight, tmp_path):
     shutil.rmtree(out / "checkpoints" / "step-000004")
     (out / "checkpoints" / "latest").unlink()
     (out / "checkpoints" / "latest").symlink_to("step-000002")
-    _train(out, *PP, "--steps", "4", "--resume")  # schedule, placement, micro-batches: the saved ones
-    assert _records(out) == _records(straight)  # every loss, norm, logit, violation, eval: bitwise
+    train_cli(out, *PP, "--steps", "4", "--resume")  # schedule, placement, micro-batches: the saved ones
+    assert records(out) == records(straight)  # every loss, norm, logit, violation, eval: bitwise
     a, b = _tensors(straight / "checkpoints" / "latest"), _tensors(out / "checkpoints" / "latest")
     assert a.keys() == b.keys() and len(a) > 100
     assert all(torch.equal(a[k], b[k]) for k in a)  # parameters and optimizer state
@@ -101,7 +73,7 @@ def test_each_rank_holds_its_stages_only(straight):
 
     whole = GLM5ForCausalLM(GLM5Config.from_preset("tiny"))
     total = sum(p.numel() * p.element_size() for p in whole.parameters())
-    rec = _records(straight)[-1]
+    rec = records(straight)[-1]
     per_rank = rec["param_bytes"]
     print(f"\nparameter bytes per rank at pp=2: {per_rank} of {total} (1 process)")
     assert sum(per_rank) == total  # every parameter on exactly one rank
@@ -129,16 +101,16 @@ def test_the_pp_checkpoint_loads_at_one_process(straight, tmp_path):
     }
     assert optim.keys() == loaded.keys() and all(torch.equal(optim[k], loaded[k]) for k in optim)
     # the pipeline's held-out loss is the whole model's
-    assert trainer.evaluate() == _records(straight)[-1]["eval_loss"]
+    assert trainer.evaluate() == records(straight)[-1]["eval_loss"]
 
 
 def test_one_micro_batch_through_the_pipeline_is_the_one_process_run(tmp_path):
     """GPipe, MTP with the last stage: losses, the global gradient norm, the largest logit over both
     ranks, the expert violation over every router, the held-out loss and the weights: bitwise."""
-    _train(tmp_path / "pp", *PP, "--pp-schedule", "gpipe", "--microbatches", "1", "--steps", "2")
-    res = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "one"), *ARGS, "--steps", "2"])
+    train_cli(tmp_path / "pp", *PP, "--pp-schedule", "gpipe", "--microbatches", "1", "--steps", "2")
+    res = CliRunner().invoke(main, ["train", "--out", str(tmp_path / "one"), *TRAIN_ARGS, "--steps", "2"])
     assert res.exit_code == 0, res.output
-    pp, one = _records(tmp_path / "pp"), _records(tmp_path / "one")
+    pp, one = records(tmp_path / "pp"), records(tmp_path / "one")
     assert [{k: v for k, v in r.items() if not k.endswith("_bytes")} for r in pp] == one
     whole = dist_state.model_from(tmp_path / "pp" / "checkpoints" / "latest")
     from glm5.core.model import GLM5ForCausalLM
@@ -150,7 +122,9 @@ def test_one_micro_batch_through_the_pipeline_is_the_one_process_run(tmp_path):
 @pytest.mark.parametrize("mode", ["recompute", "offload"])
 def test_activations_option_changes_no_number_of_a_one_process_run(tmp_path, mode):
     plain = tmp_path / "none"
-    res = CliRunner().invoke(main, ["train", "--out", str(plain), *ARGS, "--batch-size", "2", "--steps", "2"])
+    res = CliRunner().invoke(
+        main, ["train", "--out", str(plain), *TRAIN_ARGS, "--batch-size", "2", "--steps", "2"]
+    )
     assert res.exit_code == 0, res.output
     cfg = TrainConfig(
         steps=2,
@@ -164,7 +138,7 @@ def test_activations_option_changes_no_number_of_a_one_process_run(tmp_path, mod
     )
     trainer = Trainer(cfg, tmp_path / mode)
     trainer.run(progress=False)
-    assert _records(plain) == _records(tmp_path / mode)
+    assert records(plain) == records(tmp_path / mode)
     a, b = _tensors(plain / "checkpoints" / "latest"), _tensors(tmp_path / mode / "checkpoints" / "latest")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     stats = trainer.model.model.layers[0].activations  # the option reached every layer
@@ -189,7 +163,7 @@ def test_the_activations_option_reaches_a_distributed_run(straight):
 )
 def test_bad_pipeline_options_are_one_line_exit_2_before_anything_starts(tmp_path, args, hint, msg):
     out = tmp_path / "run"
-    res = CliRunner().invoke(main, ["train", "--out", str(out), "--steps", "1", *ARGS, *args])
+    res = CliRunner().invoke(main, ["train", "--out", str(out), "--steps", "1", *TRAIN_ARGS, *args])
     assert res.exit_code == 2, res.output
     error = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
     assert len(error) == 1 and hint in error[0] and msg in error[0], res.output

@@ -10,16 +10,10 @@ from glm5.cli import main
 from glm5.core.model import GLM5ForCausalLM
 from glm5.train.loop.state import latest_checkpoint, save_checkpoint
 from glm5.train.loop.trainer import TrainConfig, Trainer
+from tests.glm5.train._runs import records
 
 # batch 2 x 32 tokens against index_topk 16: sparse attention really is sparse
 SMALL = dict(batch_size=2, seq_len=32, eval_every=2, eval_batches=1, save_every=2, max_bytes=256 << 10)
-
-
-def _records(out):
-    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    for r in recs:
-        r.pop("step_s")
-    return recs
 
 
 def _run(out, steps, resume=False, **kw):
@@ -32,7 +26,7 @@ def test_deterministic_runs_match_bitwise_and_resume_is_exact(tmp_path):
     _run(tmp_path / "b", 4)
     _run(tmp_path / "c", 2)
     _run(tmp_path / "c", 4, resume=True)
-    a, b, c = (_records(tmp_path / x) for x in "abc")
+    a, b, c = (records(tmp_path / x) for x in "abc")
     assert [r["step"] for r in a] == [1, 2, 3, 4]
     assert a == b  # bitwise: floats compared exactly
     assert a == c
@@ -69,7 +63,7 @@ def test_warmup_stage_trains_only_the_indexers(tmp_path):
     for n, p in trainer.model.named_parameters():
         moved = not torch.equal(p, before[n])
         assert moved == (".indexer." in n), n  # the MTP layer's indexer learns too (MTP runs)
-    rec = _records(tmp_path)[-1]
+    rec = records(tmp_path)[-1]
     assert rec["kl_loss"] is not None and rec["loss"] == rec["kl_loss"]
 
 
@@ -82,7 +76,7 @@ def test_cli_writes_metrics_plot_checkpoint_and_rollout_check(tmp_path):
     args += ["--batch-size", "2", "--seq-len", "32", "--eval-every", "2", "--save-every", "2"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
-    recs = _records(out)
+    recs = records(out)
     assert [r["step"] for r in recs] == [1, 2] and all("loss" in r for r in recs)
     if importlib.util.find_spec("matplotlib"):  # the `train` extra
         assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

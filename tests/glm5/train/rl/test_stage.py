@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from glm5.cli import main
 from glm5.train.loop.trainer import TrainConfig, Trainer
 from glm5.train.rl import stage as rl
+from tests.glm5.train._runs import records
 
 RL = dict(
     stage="rl",
@@ -32,16 +33,9 @@ RL = dict(
 )
 
 
-def _records(out) -> list[dict]:
-    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    for r in recs:
-        r.pop("step_s")
-    return recs
-
-
 def _run(out, steps, resume=False, **kw) -> list[dict]:
     Trainer(TrainConfig(**dict(RL, steps=steps, **kw)), out, resume=resume).run(progress=False)
-    return _records(out)
+    return records(out)
 
 
 def test_reward_rises_under_icepop_and_not_without_updates(tmp_path):
@@ -135,7 +129,7 @@ def test_cli_rl_stage_and_bad_options(tmp_path):
     args += ["--batch-size", "2", "--group-size", "2", "--response-len", "4", "--seq-len", "16"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
-    assert _records(out)[0]["response_tokens"] == 2 * 2 * 4
+    assert records(out)[0]["response_tokens"] == 2 * 2 * 4
     assert "reward_first_step" in json.loads((out / "summary.json").read_text())
     for bad, name in (
         (["--group-size", "1"], "--group-size"),
