@@ -3,7 +3,8 @@ row-parallel layer (K split over ranks) gives the unsplit layer's bits when
 
 - the activation scale comes from the GLOBAL row max (the max over the group of the ranks' row maxima),
   so every rank quantizes its columns exactly as the unsplit layer would (SPEC 2.5's formula);
-- W8A8: the integer partials are summed over the group (exact, any order) before the one scaling,
+- W8A8: the int32 partials are summed over the group by its all-reduce (exact in any order) before the
+  one scaling,
   out = (float32(acc) * x_scale[m] * w_scale[n] + bias[n]) (SPEC 2.6);
 - W4A8: each group's term float32(acc_g) * w_scale[n, g] is formed where its columns live, the terms are
   gathered in rank order (= the global group order) and summed g = 0, 1, ... as SPEC 2.7 writes;
@@ -18,17 +19,27 @@ from __future__ import annotations
 import torch
 
 from backends.invariant import engine as invariant
+from backends.invariant import gemm
 from quant.recipe import W4A8
 
 
 def _quantize_rows(xf: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]:
-    """SPEC 2.5 with the row max taken over the group: (x_q as fp64 integers, x_scale fp32 [M])."""
+    """SPEC 2.5 with the row max taken over the group: (x_q int8, x_scale fp32 [M])."""
     amax = xf.abs().amax(1) if xf.shape[1] else xf.new_zeros(xf.shape[0])
     if group is not None:
         amax = group.all_gather(amax[None], 0).amax(0)
     scale = amax.clamp_min(1e-10) / 127
     q = torch.round(xf / scale[:, None]).clamp(-127, 127).nan_to_num(nan=0.0)
-    return q.double(), scale
+    return q.to(torch.int8), scale
+
+
+def _int_product(xq: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """xq int8 [M, K] @ w int8 [N, K]^T exactly, as int32 (|acc| <= 127^2 K < 2^31 for K < 133,000): by
+    int8 x int8 -> int32 (torch._int_mm) where the CPU has int8 dot products, else one fp64 GEMM (every
+    partial sum an integer below 2^53): the same integers."""
+    if xq.device.type == "cpu" and gemm.INT8_DOT:
+        return gemm.int8_mm(xq, w)
+    return (xq.double() @ w.double().T).to(torch.int32)
 
 
 def forward(module, x: torch.Tensor, split: invariant.RowSplit | None = None) -> torch.Tensor:
@@ -42,7 +53,7 @@ def forward(module, x: torch.Tensor, split: invariant.RowSplit | None = None) ->
         gs = module.group_size
         terms = torch.stack(
             [
-                (xq[:, g * gs : (g + 1) * gs] @ w[:, g * gs : (g + 1) * gs].double().T).float()
+                _int_product(xq[:, g * gs : (g + 1) * gs], w[:, g * gs : (g + 1) * gs]).float()
                 * w_scale[None, :, g]
                 for g in range(w_scale.shape[1])
             ]
@@ -54,9 +65,9 @@ def forward(module, x: torch.Tensor, split: invariant.RowSplit | None = None) ->
             total = total + term
         out = x_scale[:, None] * total
     else:
-        acc = xq @ w.double().T  # exact: |acc| <= 127 * 127 * K < 2^53
+        acc = _int_product(xq, w)
         if group is not None:
-            acc = group.all_reduce(acc, exact=True)
+            acc = group.all_reduce(acc)  # integers: exact in any order, so the group's own all-reduce
         out = acc.float() * x_scale[:, None] * w_scale[None, :, 0]
     if module.bias is not None:
         out = out + module.bias.float()[None, :]

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from backends.invariant.gemm import pow2, round_scaled, rounded_product
+from backends.invariant.gemm import ONE_GEMM_K_MAX, pow2, round_scaled, rounded_product
 
 FORM = "fp64c"  # the weight side's cache key next to the engines' forms
-#: the largest K it takes: about K^1.5 2^-29 of the elements are undecided (Gaussian data), each an exact
-#: dot product of K at about 100x a GEMM's cost per term; above 4096 two GEMMs are cheaper (measured)
-K_MAX = 4096
+K_MAX = ONE_GEMM_K_MAX  # the largest K it takes (gemm.py says why)
 
 
 def applies(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, t: int, engine: str) -> bool:

@@ -178,7 +178,8 @@ def exact_matmul(
     """
     if split is not None:
         k_total, max_over, sum_over = split.k_total, split.max_over, split.sum_over
-    engine = engine or engine_for(a.device)
+    batched = max(a.dim(), b.dim()) > 2
+    engine = engine or engine_for(a.device, k_total or a.shape[-1], batched)
     dtype = out_dtype or a.dtype
     t = grid_bits(k_total or a.shape[-1])
     row_max = a.abs().amax(-1) if a.shape[-1] else a.new_zeros(a.shape[:-1])

@@ -82,31 +82,66 @@ def digits(q: torch.Tensor) -> torch.Tensor:
     return torch.stack(out[::-1]).to(torch.int8)
 
 
-def _int_mm_padded(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
-    """a int8 [M, K] x b_t int8 [N, K]^T -> int32 [M, N] by torch._int_mm, K zero-padded to a multiple of
-    8, at least 8 (zeros add nothing; torch 2.13's CPU kernel is wrong for K = 1)."""
-    k = a.shape[-1]
-    pad = max(8, -(-k // 8) * 8) - k
+def _padded_k(k: int) -> int:
+    """K zero-padded for torch._int_mm's CPU shape rules: a multiple of 8, at least 8 (zeros add nothing;
+    torch 2.13's CPU kernel is wrong for K = 1)."""
+    return max(8, -(-k // 8) * 8)
+
+
+def _digit_blocks(q: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """int32 q [R, K] -> int8 [R, SLICES Kp]: q's digits side by side along K, each block zero-padded to
+    `_padded_k`; most significant first, or least significant first (`reverse`)."""
+    d = digits(q)  # [S, R, K]
+    if reverse:
+        d = d.flip(0)
+    kp = _padded_k(q.shape[-1])
+    if kp != q.shape[-1]:
+        d = torch.nn.functional.pad(d, (0, kp - q.shape[-1]))
+    return d.permute(1, 0, 2).reshape(q.shape[0], SLICES * kp)
+
+
+def int8_mm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+    """a int8 [M, K] @ b_t int8 [N, K]^T -> int32 [M, N] by torch._int_mm, K zero-padded to `_padded_k`."""
+    pad = _padded_k(a.shape[-1]) - a.shape[-1]
     if pad:
-        a = torch.nn.functional.pad(a, (0, pad))
-        b_t = torch.nn.functional.pad(b_t, (0, pad))
-    return torch._int_mm(a.contiguous(), b_t.T)
+        a, b_t = torch.nn.functional.pad(a, (0, pad)), torch.nn.functional.pad(b_t, (0, pad))
+    return torch._int_mm(a, b_t.T)
 
 
-def _int8_product(a_q: torch.Tensor, b_digits_t: torch.Tensor) -> torch.Tensor:
-    """P = a_q @ b_q exactly, as int64, from int8 digit products: a's digits stacked on M ([S M, K]), b's
-    on N ([S N, K], given); one int8 x int8 -> int32 product [S M, S N] holds all S^2 = 16 pairs (i, j).
-    The pairs of one level l = i + j are summed in int32 (<= 4 pairs x K 2^12 < 2^31 for K < 131,072),
-    the levels combined in int64: P = sum_l S_l 2^(7 (6 - l))."""
-    m, n = a_q.shape[-2], b_digits_t.shape[-2] // SLICES
+def _level_sums(a_q: torch.Tensor, b_blocks: torch.Tensor) -> list[torch.Tensor]:
+    """The level sums S_l = sum_{i + j = l} d_i(a) d_j(b) (int32 [M, N], l = 0 .. 6) by one int8 x int8 ->
+    int32 product per level: a's digits side by side along K (d_0 .. d_3) and b's (`b_form` "int8":
+    [N, S Kp], d_3 .. d_0), so a level's pairs (i, l - i), i = lo .. hi, are one contiguous K range of each:
+    the product over it is their sum (|S_l| <= 4 K 2^12 < 2^31 for K < 131,072)."""
+    kp = b_blocks.shape[-1] // SLICES
+    a_blocks = _digit_blocks(a_q, reverse=False)
+    sums = []
+    for level in range(2 * SLICES - 1):
+        lo, hi = max(0, level - SLICES + 1), min(level, SLICES - 1)
+        first = SLICES - 1 - level + lo  # b's block of digit l - lo
+        n = hi - lo + 1
+        sums.append(
+            torch._int_mm(a_blocks[:, lo * kp : (lo + n) * kp], b_blocks[:, first * kp : (first + n) * kp].T)
+        )
+    return sums
+
+
+def _levels_fp64(sums: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """P = hi 2^21 + lo from the level sums, both exact fp64 integers: hi = S_0 2^21 + S_1 2^14 + S_2 2^7
+    + S_3 (|hi| < K 2^34 < 2^53), lo = S_4 2^14 + S_5 2^7 + S_6."""
+    d = [s.double() for s in sums]
+    hi = d[0].mul_(2.0**21).add_(d[1], alpha=2.0**14).add_(d[2], alpha=2.0**7).add_(d[3])
+    lo = d[4].mul_(2.0**14).add_(d[5], alpha=2.0**7).add_(d[6])
+    return hi, lo
+
+
+def _int8_product(a_q: torch.Tensor, b_blocks: torch.Tensor) -> torch.Tensor:
+    """P = a_q @ b_q exactly, as int64, from the int8 digit products (`_level_sums`): P = hi 2^21 + lo."""
+    m, n = a_q.shape[-2], b_blocks.shape[-2]
     if m == 0 or n == 0:
         return torch.zeros(m, n, dtype=torch.int64)
-    pairs = _int_mm_padded(digits(a_q).reshape(SLICES * m, -1), b_digits_t).view(SLICES, m, SLICES, n)
-    p = torch.zeros(m, n, dtype=torch.int64)
-    for level in range(2 * SLICES - 1):
-        s = sum(pairs[i, :, level - i] for i in range(max(0, level - SLICES + 1), min(level, SLICES - 1) + 1))
-        p = (p << SLICE_BITS) + s.to(torch.int64)
-    return p
+    hi, lo = _levels_fp64(_level_sums(a_q, b_blocks))
+    return (hi.to(torch.int64) << 21).add_(lo.to(torch.int64))
 
 
 def _triton_product(a_q: torch.Tensor, b_digits_t: torch.Tensor) -> torch.Tensor:
@@ -144,13 +179,23 @@ def _fp64_product(hl: torch.Tensor, b_d: torch.Tensor, t: int) -> torch.Tensor:
 
 
 def b_form(b_q: torch.Tensor, engine: str) -> torch.Tensor:
-    """b's grid [..., K, N] in the form `engine` multiplies: fp64 integers, int64, or int8 digits stacked
-    on N and transposed ([..., S N, K], what `_int8_product` and `_triton_product` take)."""
+    """b's grid [..., K, N] in the form `engine` multiplies: fp64 integers, int64, int8 digits side by side
+    along K, least significant first ([..., N, S Kp], "int8": `_level_sums`), or int8 digits stacked on N
+    and transposed ([..., S N, K], "triton")."""
     if engine == "fp64":
         return b_q.double()
     if engine == "int64":
         return b_q.to(torch.int64)
-    d = digits(b_q.transpose(-1, -2))  # [S, ..., N, K]
+    b_t = b_q.transpose(-1, -2)
+    if engine == "int8":
+        flat = b_t.reshape(-1, *b_t.shape[-2:])
+        blocks = torch.empty(
+            flat.shape[0], flat.shape[1], SLICES * _padded_k(flat.shape[2]), dtype=torch.int8
+        )
+        for i, x in enumerate(flat):
+            blocks[i] = _digit_blocks(x, reverse=True)
+        return blocks.view(*b_t.shape[:-1], -1)
+    d = digits(b_t)  # [S, ..., N, K]
     return d.movedim(0, -3).flatten(-3, -2).contiguous()
 
 
@@ -171,7 +216,7 @@ def int_product(a_q: torch.Tensor, b: torch.Tensor, engine: str, t: int) -> torc
     batch = torch.broadcast_shapes(a_q.shape[:-2], b.shape[:-2])
     a_q = a_q.expand(batch + a_q.shape[-2:]).reshape(-1, *a_q.shape[-2:])
     b = b.expand(batch + b.shape[-2:]).reshape(-1, *b.shape[-2:])
-    out = torch.empty(a_q.shape[0], a_q.shape[-2], b.shape[-2] // SLICES, dtype=torch.int64)
+    out = torch.empty(a_q.shape[0], a_q.shape[-2], b.shape[-2], dtype=torch.int64)
     for i in range(a_q.shape[0]):  # torch._int_mm is 2-D only
         out[i] = _int8_product(a_q[i], b[i])
     return out.view(batch + out.shape[-2:])
@@ -185,13 +230,14 @@ def grid_product(a: torch.Tensor, e: torch.Tensor, t: int, b: torch.Tensor, engi
 
 
 def _round_odd_fp32(
-    ph: torch.Tensor, pl: torch.Tensor, n_row: torch.Tensor, n_col: torch.Tensor
+    ph: torch.Tensor, pl: torch.Tensor, n_row: torch.Tensor, n_col: torch.Tensor, shift: int = 14
 ) -> torch.Tensor:
-    """(ph 2^14 + pl) 2^(n_row + n_col) rounded once to fp32, for the fp64 engine's exact halves: their sum
-    rounded to odd in fp64 (TwoSum's exact error tells which neighbour is odd), scaled exactly, then one
-    cast. Rounding to odd at 53 bits and then to nearest at 24 is the one rounding to nearest (p >= 24 + 2),
-    so the bits are `round_scaled`'s."""
-    x = ph * 16384.0
+    """(ph 2^shift + pl) 2^(n_row + n_col) rounded once to fp32, for two exact fp64 parts of P (the fp64
+    engine's halves, shift 14; the int8 engine's level sums, shift 21): their sum rounded to odd in fp64
+    (TwoSum's exact error tells which neighbour is odd), scaled exactly, then one cast. Rounding to odd at
+    53 bits and then to nearest at 24 is the one rounding to nearest (p >= 24 + 2), so the bits are
+    `round_scaled`'s."""
+    x = ph * float(1 << shift)
     s = x + pl
     bb = s - x
     err = (x - (s - bb)).add_(pl - bb)
@@ -216,6 +262,16 @@ def rounded_product(
     if engine == "fp64" and dtype == torch.float32 and a.shape[-1] <= 1 << (40 - t):
         hl = torch.matmul(halves(grid_values(a, e[..., None], t)), b)
         return _round_odd_fp32(hl[0], hl[1], e.to(torch.int64) - t, f.to(torch.int64) - t)
+    if (
+        engine == "int8"
+        and dtype == torch.float32
+        and a.dim() == 2
+        and b.dim() == 2
+        and a.numel()
+        and b.numel()
+    ):
+        hi, lo = _levels_fp64(_level_sums(to_grid(a, e[..., None], t), b))
+        return _round_odd_fp32(hi, lo, e.to(torch.int64) - t, f.to(torch.int64) - t, shift=21)
     return scaled(grid_product(a, e[..., None], t, b, engine), e, f, t, dtype)
 
 
@@ -293,40 +349,51 @@ def scaled(
     return round_scaled(partial, n, dtype)
 
 
-def _amx() -> bool:
+def _int8_dot() -> bool:
+    """Whether this CPU has int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI; AMX CPUs have them)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return "amx_int8" in f.read()
+            flags = f.read()
     except OSError:
         return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 GEMM_ENV = "GLM5_INVARIANT_GEMM"
 ENGINES = ("int8", "fp64", "int64", "triton")
+#: the largest K of the one-GEMM fp32 form (certified.py): about K^1.5 2^-29 of the elements are
+#: undecided (Gaussian data), each an exact dot product of K at about 100x a GEMM's cost per term; above
+#: it two fp64 GEMMs or the int8 digit products are cheaper (docs/performance.md)
+ONE_GEMM_K_MAX = 4096
 
 
 def _engine() -> str:
-    """The exact integer GEMM this process uses (all give the same integers): GLM5_INVARIANT_GEMM, else
-    int8 where the CPU has AMX (its int8 tiles outrun 16 digit products' worth of fp64), else fp64: with
-    VNNI alone an instruction does 8x an fp64 FMA's multiplies, which 16 digit pairs against two fp64
-    GEMMs use up, and on an AVX2-only CPU torch._int_mm is 14-19x slower than an fp32 GEMM
-    (docs/performance.md)."""
+    """The exact integer GEMM this process uses by default (all give the same integers): GLM5_INVARIANT_GEMM,
+    else fp64 (its fp32 results from one certified GEMM up to K = ONE_GEMM_K_MAX)."""
     value = os.environ.get(GEMM_ENV)
     if value is not None:
         if value not in ENGINES:
             raise ValueError(f"{GEMM_ENV}: expected one of {', '.join(ENGINES)}, got {value!r}")
         return value
-    return "int8" if hasattr(torch, "_int_mm") and _amx() else "fp64"
+    return "fp64"
 
 
 ENGINE = _engine()
 CHOSEN = GEMM_ENV in os.environ  # read once, as ENGINE is
+INT8_DOT = hasattr(torch, "_int_mm") and _int8_dot()
 
 
-def engine_for(device: torch.device) -> str:
-    """The engine for operands on `device`: GLM5_INVARIANT_GEMM when set, else "triton" on a CUDA device
-    (ENGINE is this CPU's choice: an H200 has about 1/30 the fp64 rate of its int8 one, and the int8
-    engine's combination allocates on the CPU), else ENGINE. All give the same integers."""
-    if device.type == "cuda" and not CHOSEN:
+def engine_for(device: torch.device, k: int = 0, batched: bool = False) -> str:
+    """The engine for a product of length k on `device` (all give the same integers): GLM5_INVARIANT_GEMM
+    when set; else "triton" on a CUDA device (an H200 has about 1/30 the fp64 rate of its int8 one); on a
+    CPU "int8" for a 2-D product with k > ONE_GEMM_K_MAX where the CPU has int8 dot products (there the
+    16 digit products by torch._int_mm beat two fp64 GEMMs: docs/performance.md), else "fp64" (one
+    certified GEMM below that K; torch._int_mm is 2-D only and, without VNNI, 14-19x slower than an fp32
+    GEMM)."""
+    if CHOSEN:
+        return ENGINE
+    if device.type == "cuda":
         return "triton"
-    return ENGINE
+    if INT8_DOT and not batched and k > ONE_GEMM_K_MAX:
+        return "int8"
+    return "fp64"

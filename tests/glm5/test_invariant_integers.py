@@ -132,25 +132,27 @@ def test_a_bad_gemm_choice_is_one_line(monkeypatch):
     assert gemm._engine() == "int8"
 
 
-def test_the_fp64_engines_rounding_to_odd_gives_the_integer_roundings_bits():
-    """The fp64 engine rounds (h b) 2^14 + l b to odd in fp64 and casts once; at ties, near-ties and
-    signed zeros that is `round_scaled` of the integer P."""
+@pytest.mark.parametrize("shift", [14, 21])
+def test_the_rounding_to_odd_of_two_fp64_parts_gives_the_integer_roundings_bits(shift):
+    """The fp64 engine (P = (h b) 2^14 + l b) and the int8 engine (P = hi 2^21 + lo from its level sums)
+    round their two exact parts to odd in fp64 and cast once; at ties, near-ties and signed zeros that is
+    `round_scaled` of the integer P."""
     rng = random.Random(1)
     ps = [rng.randint(-(2**62), 2**62) >> rng.randint(0, 60) for _ in range(3000)]
     ps += [(2 * rng.randint(2**23, 2**24) + 1) << rng.randint(0, 36) for _ in range(1000)]  # exact ties
     ps += [((2 * rng.randint(2**23, 2**24) + 1) << 30) + rng.choice([-1, 1]) for _ in range(1000)]
     ps += [0, 1, -1, 2**62, -(2**62)]
     p = torch.tensor(ps)
-    low = ((p + 8192) & 16383) - 8192
-    ph, pl = ((p - low) >> 14).double(), low.double()  # both exact
+    half = 1 << (shift - 1)
+    low = ((p + half) & (2 * half - 1)) - half
+    ph, pl = ((p - low) >> shift).double(), low.double()  # both exact
     n_row = torch.randint(-200, 20, (p.shape[0],), generator=_g(5))  # subnormal and zero results too
-    got = gemm._round_odd_fp32(ph[:, None], pl[:, None], n_row, torch.zeros(1, dtype=torch.int64))[:, 0]
+    zeros = torch.zeros(1, dtype=torch.int64)
+    got = gemm._round_odd_fp32(ph[:, None], pl[:, None], n_row, zeros, shift)[:, 0]
     want = gemm.round_scaled(p, n_row, torch.float32)
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     zero = torch.tensor([[-0.0]], dtype=torch.float64)  # an fp64 GEMM's sum of -0 products
-    assert (
-        gemm._round_odd_fp32(zero, zero, torch.zeros(1, dtype=torch.int64), n_row[:1]).view(torch.int32) == 0
-    )
+    assert gemm._round_odd_fp32(zero, zero, zeros, n_row[:1], shift).view(torch.int32) == 0
 
 
 def _midpoint_operands() -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,3 +211,31 @@ def test_the_certificate_uses_the_narrower_half_gap_below_a_power_of_two():
     bound = torch.tensor([0.75, 0.75, 0.45, 0.0, 0.0], dtype=torch.float64)
     got = certified.undecided(v, v.float(), bound, torch.ones(5, dtype=torch.float64))
     assert got.tolist() == [True, False, False, True, True]  # zero and subnormal r never pass
+
+
+@pytest.mark.parametrize("k", [1, 13, 576, 6144, 16384])
+def test_the_int8_engines_fp32_results_are_the_integer_products_bits(k):
+    """fp32 results of the int8 engine (seven level sums by torch._int_mm, P = hi 2^21 + lo in fp64, rounded
+    to odd and cast once) against the int64 engine: random, integer, tiny (subnormal results), a row and a
+    column at the grid's extreme, and the fp32 midpoint that any fp64 summation rounds the wrong way."""
+    g = _g(k)
+    a, b = torch.randn(9, k, generator=g), torch.randn(k, 6, generator=g)
+    extreme_a, extreme_b = a.clone(), b.clone()
+    extreme_a[0], extreme_b[:, 0] = 1.0, -1.0  # every grid value 2^t: |P| = K 2^(2t)
+    cases = [(a, b), (a.round(), b.round()), (a * 1e-25, b * 1e-18), (extreme_a, extreme_b)]
+    for x, y in cases:
+        want = num.exact_matmul(x, y, torch.float32, engine="int64")
+        got = num.exact_matmul(x, y, torch.float32, engine="int8")
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    a, b = _midpoint_operands()
+    assert torch.equal(num.exact_matmul(a, b, engine="int8"), num.exact_matmul(a, b, engine="int64"))
+
+
+def test_a_cpu_product_takes_int8_above_the_one_gemm_forms_k_where_the_cpu_has_int8_dot_products(monkeypatch):
+    monkeypatch.setattr(gemm, "CHOSEN", False)
+    cpu = torch.device("cpu")
+    for int8_dot in (True, False):
+        monkeypatch.setattr(gemm, "INT8_DOT", int8_dot)
+        assert gemm.engine_for(cpu, gemm.ONE_GEMM_K_MAX) == "fp64"
+        assert gemm.engine_for(cpu, gemm.ONE_GEMM_K_MAX + 1) == ("int8" if int8_dot else "fp64")
+        assert gemm.engine_for(cpu, 6144, batched=True) == "fp64"  # torch._int_mm is 2-D only
