@@ -2,8 +2,8 @@
 in the same run, interleaved: tiny and a wider config (hidden 1024, 8 heads), median of N, printed as a
 ratio; idle, then (--load) with a process this script starts spinning one core. Beside it, the GEMM
 throughput the mode's cost rests on: an fp32 GEMM, torch._int_mm (int8 x int8 -> int32) and the mode's
-exact product by its fp64 engine (two fp64 GEMMs) and, where the CPU has int8 dot products, its int8
-engine (16 int8 digit products), same shapes.
+exact product by its fp64 engine (one certified fp64 GEMM up to K = 4096, two above) and, where the CPU
+has int8 dot products, its int8 engine (16 int8 digit products as 7 level GEMMs), same shapes.
 
     python bench/bench_invariant.py [--repeats 5] [--tokens 256] [--load]
 """
@@ -85,7 +85,7 @@ def _gemm_row(m: int, k: int, n: int, repeats: int) -> dict[str, float]:
         "int8 _int_mm": _median_seconds(lambda: torch._int_mm(a8, w8), few),
         "exact (fp64)": _median_seconds(lambda: exact_matmul(a, w, engine="fp64"), few),
     }
-    if invariant_gemm.ENGINE == "int8":  # 16 digit products: minutes where _int_mm has no VNNI / AMX
+    if invariant_gemm.INT8_DOT or invariant_gemm.ENGINE == "int8":  # minutes where _int_mm has no VNNI
         row["exact (int8)"] = _median_seconds(lambda: exact_matmul(a, w, engine="int8"), few)
     return row
 
@@ -123,7 +123,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--load", action="store_true", help="then again with a process spinning one core")
     args = ap.parse_args()
-    print(f"threads {torch.get_num_threads()}, exact GEMM engine {invariant_gemm.ENGINE}")
+    cpu = torch.device("cpu")
+    print(
+        f"threads {torch.get_num_threads()}, exact GEMM engine: {invariant_gemm.engine_for(cpu, 1024)} at "
+        f"K = 1024, {invariant_gemm.engine_for(cpu, 6144)} at K = 6144 (int8 dot products: "
+        f"{'yes' if invariant_gemm.INT8_DOT else 'no'})"
+    )
     gemms(args.repeats)
     print("idle:")
     forwards(args)

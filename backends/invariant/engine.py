@@ -3,13 +3,12 @@ construction, whatever the summation order a BLAS, a thread split, a batch size 
 split would pick.
 
 - `exact_matmul`: inputs rounded once to a t-bit fixed-point grid per row of A / column of B, the
-  integer product P computed exactly (int64; by int8 digit products with int32 accumulation, by fp64
-  GEMMs of exact integer partial sums, or a plain int64 matmul: `ENGINE`; on a CUDA device by a Triton
-  kernel's int8 `tl.dot`: the same integers), so any
-  order of the K loop, any split of K over ranks and any integer GEMM give the same bits; scaled and
-  rounded once at the end, in integer operations. fp32 results on the fp64 engine (K <= 4096) come from
-  one fp64 GEMM whose rounding an any-order error bound certifies per element, P formed exactly only
-  where it cannot (certified.py): the same bits.
+  integer product P computed exactly (by int8 digit products with int32 accumulation, by fp64 GEMMs of
+  exact integer partial sums, or a plain int64 matmul; on a CUDA device by a Triton kernel's int8
+  `tl.dot`: the same integers, so `engine_for` picks per product by speed), so any order of the K loop,
+  any split of K over ranks and any integer GEMM give the same bits; scaled and rounded once at the end.
+  fp32 results on the fp64 engine (K <= 4096) come from one fp64 GEMM whose rounding an any-order error
+  bound certifies per element, P formed exactly only where it cannot (certified.py): the same bits.
 - `tree_sum`: a fixed binary tree of adds over one dimension (zero-padded to a power of two).
 - `exp`, `log`, `sigmoid`, `silu`: fixed formulas of IEEE basic ops in fp32 (bf16 / fp16 through fp32;
   fp64 input in fp64), `sin`, `cos` in fp64 (RoPE's table, which the model builds in fp64), so an
@@ -129,10 +128,11 @@ def _col_max(b: torch.Tensor) -> torch.Tensor:
 
 
 def _column_side(b: torch.Tensor, t: int, weight: bool, engine: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(f, b's grid in the engine's form) of b [..., K, N]; cached when b is a weight (a view of a
+    """(f, b's grid in the engine's form) of b [..., K, N]; cached when b is a CPU weight (a view of a
     Parameter, or the caller says so: activations would only fill memory), served while b holds the same
-    values."""
-    cacheable = weight or _is_parameter(b._base if b._is_view() else b)
+    values. A device's weights are not cached: comparing the values would read a flag back to the host on
+    every product, where making the grid is a few elementwise passes on the device."""
+    cacheable = b.device.type == "cpu" and (weight or _is_parameter(b._base if b._is_view() else b))
     if cacheable:
         key = (
             b.untyped_storage().data_ptr(),
@@ -167,8 +167,8 @@ def exact_matmul(
     engine: str | None = None,
 ) -> torch.Tensor:
     """a [..., M, K] @ b [..., K, N] -> [..., M, N] in out_dtype (default a's), the same bits for any
-    blocking, batch, row subset, split of K or integer GEMM (`engine`, default `engine_for(a.device)`:
-    ENGINE on the CPU, the Triton kernel on a CUDA device).
+    blocking, batch, row subset, split of K or integer GEMM (`engine`, default `engine_for`'s choice for
+    the device, K and whether the product is batched).
 
     Row-parallel use (K split over ranks): `split` (or its parts: k_total the unsplit K, max_over the
     elementwise max over the ranks of the per-row and per-column maxima, sum_over the sum over the ranks
