@@ -15,6 +15,7 @@ from typing import Any
 
 from backends.cache_layout import FP8_KINDS, cache_kind
 from backends.contract.limits import Limit
+from backends.invariant import engine as invariant
 
 TIE_RULES = ("lower_index", "none")
 #: cache kinds an attention-like op may serve (`backends.cache_layout.cache_kind`): one tensor ragged or
@@ -138,12 +139,21 @@ def by_kind(base: OpImpl, kinds: Mapping[str, OpImpl]) -> OpImpl:
     """`base`, with the cache kinds in `kinds` served by their own implementation: the one entry of an op
     whose cache kind picks the kernel (FlashMLA's `is_fp8_kvcache`, vLLM's `kv_cache_dtype`). The choice
     is made from the arguments (`cache_kind`), so a shadow check or a borrowed call of the reference's
-    entry picks the same way."""
+    entry picks the same way. In the layout-invariant mode (SPEC 12) a kind whose kernel does not declare
+    `layout_invariant` is refused (the mode's `require` checks the ops' own entries only)."""
     kinds = dict(kinds)
 
     @functools.wraps(base.fn)
     def fn(**args: Any) -> Any:
-        impl = kinds.get(cache_kind(args))
-        return (base if impl is None else impl).fn(**args)
+        kind = cache_kind(args)
+        impl = kinds.get(kind)
+        if impl is None:
+            return base.fn(**args)
+        if not impl.caps.layout_invariant and invariant.active():
+            raise invariant.NotLayoutInvariant(
+                f"{kind} cache: {base.fn.__name__}'s kernel for it does not declare layout_invariant, so the "
+                "layout-invariant mode cannot read it (use kv_cache_dtype 'auto': the model dtype's caches)"
+            )
+        return impl.fn(**args)
 
     return replace(base, fn=fn, kinds=kinds)

@@ -6,14 +6,24 @@ ceil(K/128)]`); activations are quantized per token in 1 x 128 groups on every c
 DeepSeek's 1e-4 floor; UE8M0 scales when the checkpoint says `scale_fmt: ue8m0`). Experts keep gate, up
 and down as three stacked tensors, because a fused gate|up would break the 128-row blocks whenever the
 expert width is not a multiple of 128.
+
+In the layout-invariant mode (SPEC 12) both de-quantize into the mode's exact product instead of the FP8
+GEMMs (whose fp32 block sums are a kernel's order): x_deq = x_q * x_scale per 1 x 128 group and W_deq =
+W_fp8 * scale_inv per 128 x 128 block, each one fp32 multiply per element, then `exact_matmul` (a linear,
+with the plan's row-parallel split as its argument) or the float `grouped_matmul` (experts, which runs it
+per expert in the mode).
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+from torch import nn
 
 from backends import Backend
-from backends.formats import BLOCK, E4M3, EPS_DEEPSEEK, cdiv, dequantize_weight_blocks
+from backends.formats import BLOCK, E4M3, EPS_DEEPSEEK, cdiv, dequantize_weight_blocks, expand_groups
+from backends.invariant import engine as invariant
 from backends.moe import dispatch as moe
 from quant.modules import Fp32Scales
 
@@ -24,8 +34,29 @@ def _scale_shape(n: int, k: int) -> tuple[int, int]:
     return cdiv(n, BLOCK), cdiv(k, BLOCK)
 
 
+def _groups_dequantized(x_q: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+    """fp8_quant_group's (e4m3 [M, K], fp32 [M, G]) -> fp32 x_q * x_scale, column k in group k // 128."""
+    return x_q.float() * expand_groups(x_scale, x_q.shape[-1])
+
+
+def _blocks_dequantized(module: nn.Module, proj: str) -> torch.Tensor:
+    """W_deq of buffer `proj` and its `<proj>_scale_inv` (fp32, as `dequantize_weight_blocks`), kept on the
+    module (not a buffer: no state_dict entry) while both buffers are the same tensors at the same versions
+    (`set_fp8` and `load_state_dict` write them in place, the plan's split and device moves replace them)."""
+    w, s = getattr(module, proj), getattr(module, f"{proj}_scale_inv")
+    cache = module.__dict__.setdefault("_dequantized", {})
+    refs, versions = cache.get(proj, ((None, None), None, None))[:2]
+    if refs[0] is None or refs[0]() is not w or refs[1]() is not s or versions != (w._version, s._version):
+        refs, versions = (weakref.ref(w), weakref.ref(s)), (w._version, s._version)
+        cache[proj] = (refs, versions, dequantize_weight_blocks(w, s))
+    return cache[proj][2]
+
+
 class FP8Linear(Fp32Scales):
-    """y = W x: fp8_quant_group(x) then fp8_block_matmul, output in x's dtype."""
+    """y = W x: fp8_quant_group(x) then fp8_block_matmul, output in x's dtype. In the layout-invariant mode:
+    exact_matmul(x_deq, W_deq^T) (+ bias in fp32), also split by input columns (the plan's row-parallel)."""
+
+    exact_split_product = True  # in the mode a row-parallel split keeps the unsplit bits (RowSplit)
 
     def __init__(
         self,
@@ -85,12 +116,23 @@ class FP8Linear(Fp32Scales):
         else:
             self.in_features //= size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, split: invariant.RowSplit | None = None) -> torch.Tensor:
+        """x [..., K] -> [..., N]; `split`: the plan's row-parallel split, taken in the layout-invariant mode
+        (a split's 128-column groups are the unsplit layer's: parallel_split keeps whole blocks)."""
         shape = x.shape
         xq, xs = self.backend.fp8_quant_group(x.reshape(-1, shape[-1]), BLOCK, EPS_DEEPSEEK, self.ue8m0)
-        y = self.backend.fp8_block_matmul(
-            xq, xs, self.weight, self.weight_scale_inv, self.bias, out_dtype=x.dtype
-        )
+        if invariant.active():
+            w = _blocks_dequantized(self, "weight").T
+            x_deq = _groups_dequantized(xq, xs)
+            if self.bias is None:
+                y = invariant.exact_matmul(x_deq, w, x.dtype, split=split, weight=True)
+            else:  # fp8_block_matmul's epilogue: the bias added in fp32, one rounding to x's dtype
+                y = invariant.exact_matmul(x_deq, w, torch.float32, split=split, weight=True)
+                y = (y + self.bias.float()).to(x.dtype)
+        else:
+            y = self.backend.fp8_block_matmul(
+                xq, xs, self.weight, self.weight_scale_inv, self.bias, out_dtype=x.dtype
+            )
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -150,6 +192,8 @@ class FP8Experts(Fp32Scales):
     def rows(self, x: torch.Tensor, d: moe.Dispatch, be: Backend) -> torch.Tensor:
         """Expert outputs [T*k, D] in d's expert-sorted order (glm5.core.moe.Experts.rows)."""
         xq, xs = be.fp8_quant_group(x, BLOCK, EPS_DEEPSEEK, self.ue8m0)  # per-token groups: row order free
+        if invariant.active():
+            return self._exact_rows(_groups_dequantized(xq, xs)[d.token], d, be, x.dtype)
         xq, xs = xq[d.token], xs[d.token]
         gate_up = torch.cat(
             [self._gemm(be, xq, xs, name, d.offsets, x.dtype) for name in ("gate_proj", "up_proj")], dim=1
@@ -157,6 +201,16 @@ class FP8Experts(Fp32Scales):
         h = be.silu_and_mul(gate_up)  # SPEC 2.10
         hq, hs = be.fp8_quant_group(h, BLOCK, EPS_DEEPSEEK, self.ue8m0)
         return self._gemm(be, hq, hs, "down_proj", d.offsets, x.dtype)
+
+    def _exact_rows(self, x_deq: torch.Tensor, d: moe.Dispatch, be: Backend, dtype) -> torch.Tensor:
+        """The layout-invariant mode's rows: de-quantized activations and weights through the float
+        grouped_matmul (exact per expert in the mode), activations re-quantized after SwiGLU as above."""
+
+        def gemm(a: torch.Tensor, proj: str) -> torch.Tensor:
+            return be.grouped_matmul(a, _blocks_dequantized(self, proj), d.offsets, out_dtype=dtype)
+
+        h = be.silu_and_mul(torch.cat([gemm(x_deq, "gate_proj"), gemm(x_deq, "up_proj")], dim=1))
+        return gemm(_groups_dequantized(*be.fp8_quant_group(h, BLOCK, EPS_DEEPSEEK, self.ue8m0)), "down_proj")
 
     def extra_repr(self) -> str:
         return f"experts={self.n_experts}, hidden={self.hidden}, inter={self.inter}, fp8 e4m3 128x128 blocks"

@@ -25,11 +25,12 @@ BACKENDS = ("reference", "cpu")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _model(backend: str) -> GLM5ForCausalLM:
+def _model(backend: str, **overrides) -> GLM5ForCausalLM:
     """Weights k / 256 (norms 1 + k / 64), k uniform in [-8, 8]: few distinct values, so equal products and
     near-ties everywhere. Drawn as integers: torch.randn's vectorised Box-Muller gives other bits under
-    another ATEN_CPU_CAPABILITY, which would compare two different models."""
-    m = GLM5ForCausalLM(GLM5Config.from_preset("tiny"), backend=backend)
+    another ATEN_CPU_CAPABILITY, which would compare two different models. `overrides`: of the tiny
+    preset's config."""
+    m = GLM5ForCausalLM(GLM5Config.from_preset("tiny", **overrides), backend=backend)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in m.named_parameters():
