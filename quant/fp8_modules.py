@@ -16,8 +16,6 @@ per expert in the mode).
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import nn
 
@@ -40,16 +38,26 @@ def _groups_dequantized(x_q: torch.Tensor, x_scale: torch.Tensor) -> torch.Tenso
 
 
 def _blocks_dequantized(module: nn.Module, proj: str) -> torch.Tensor:
-    """W_deq of buffer `proj` and its `<proj>_scale_inv` (fp32, as `dequantize_weight_blocks`), kept on the
-    module (not a buffer: no state_dict entry) while both buffers are the same tensors at the same versions
-    (`set_fp8` and `load_state_dict` write them in place, the plan's split and device moves replace them)."""
+    """W_deq of buffer `proj` and its `<proj>_scale_inv` (fp32, as `dequantize_weight_blocks`). On the CPU
+    it is kept on the module (not a buffer: no state_dict entry) with copies of the two buffers it was
+    made from, and served while they hold the same values (compared on every use, as the mode's own weight
+    grids are: `.data` writes and in-place loads bypass version counters). On a device it is made on every
+    call: the comparison would read a flag back to the host."""
     w, s = getattr(module, proj), getattr(module, f"{proj}_scale_inv")
+    if w.device.type != "cpu":
+        return dequantize_weight_blocks(w, s)
     cache = module.__dict__.setdefault("_dequantized", {})
-    refs, versions = cache.get(proj, ((None, None), None, None))[:2]
-    if refs[0] is None or refs[0]() is not w or refs[1]() is not s or versions != (w._version, s._version):
-        refs, versions = (weakref.ref(w), weakref.ref(s)), (w._version, s._version)
-        cache[proj] = (refs, versions, dequantize_weight_blocks(w, s))
-    return cache[proj][2]
+    entry = cache.get(proj)
+    if (
+        entry is None
+        or entry[0].shape != w.shape
+        or entry[1].shape != s.shape
+        or not torch.equal(entry[0], w.view(torch.uint8))
+        or not torch.equal(entry[1], s)
+    ):
+        entry = (w.view(torch.uint8).clone(), s.clone(), dequantize_weight_blocks(w, s))
+        cache[proj] = entry
+    return entry[2]
 
 
 class FP8Linear(Fp32Scales):

@@ -94,6 +94,11 @@ def test_an_fp8_linear_in_the_mode_is_the_fp8_path_within_the_grid_rounding():
     lin.set_fp8(*quantize_weight_blocks(-w))  # new weights in place: de-quantized again
     with torch.no_grad(), layout_invariant(lin.backend):
         assert torch.equal(lin(x), fresh(x)) and not torch.equal(lin(x), exact)
+    q, scale = quantize_weight_blocks(w)
+    lin.weight.data.copy_(q)  # a `.data` write: no version bump, still de-quantized again
+    lin.weight_scale_inv.data.copy_(scale)
+    with torch.no_grad(), layout_invariant(lin.backend):
+        assert torch.equal(lin(x), exact)
 
 
 def test_the_mode_refuses_the_fp8_caches():
