@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 
 from backends.invariant import engine as invariant
-from backends.invariant import gemm
 from quant.recipe import W4A8
 
 
@@ -33,15 +32,6 @@ def _quantize_rows(xf: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]
     return q.to(torch.int8), scale
 
 
-def _int_product(xq: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """xq int8 [M, K] @ w int8 [N, K]^T exactly, as int32 (|acc| <= 127^2 K < 2^31 for K < 133,000): by
-    int8 x int8 -> int32 (torch._int_mm) where the CPU has int8 dot products, else one fp64 GEMM (every
-    partial sum an integer below 2^53): the same integers."""
-    if xq.device.type == "cpu" and gemm.INT8_DOT:
-        return gemm.int8_mm(xq, w)
-    return (xq.double() @ w.double().T).to(torch.int32)
-
-
 def forward(module, x: torch.Tensor, split: invariant.RowSplit | None = None) -> torch.Tensor:
     """module: a QuantLinear (int_weight, scheme, group_size, bias, out_features); x [..., K_local];
     `split`: the plan's row-parallel split (K over its group), None for a whole layer."""
@@ -53,7 +43,7 @@ def forward(module, x: torch.Tensor, split: invariant.RowSplit | None = None) ->
         gs = module.group_size
         terms = torch.stack(
             [
-                _int_product(xq[:, g * gs : (g + 1) * gs], w[:, g * gs : (g + 1) * gs]).float()
+                invariant.int8_product(xq[:, g * gs : (g + 1) * gs], w[:, g * gs : (g + 1) * gs]).float()
                 * w_scale[None, :, g]
                 for g in range(w_scale.shape[1])
             ]
@@ -65,7 +55,7 @@ def forward(module, x: torch.Tensor, split: invariant.RowSplit | None = None) ->
             total = total + term
         out = x_scale[:, None] * total
     else:
-        acc = _int_product(xq, w)
+        acc = invariant.int8_product(xq, w)
         if group is not None:
             acc = group.all_reduce(acc)  # integers: exact in any order, so the group's own all-reduce
         out = acc.float() * x_scale[:, None] * w_scale[None, :, 0]

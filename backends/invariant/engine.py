@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from backends.invariant import certified
+from backends.invariant import certified, gemm
 from backends.invariant.gemm import (  # noqa: F401  (grid_bits ... scaled: this module's public names too)
     ENGINE,
     b_form,
@@ -197,6 +197,15 @@ def exact_matmul(
     return scaled(sum_over(grid_product(a, e[..., None], t, b_side, engine)), e, f, t, dtype)
 
 
+def int8_product(xq: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """xq int8 [M, K] @ w int8 [N, K]^T exactly, as int32 (|acc| <= 127^2 K < 2^31 for K < 133,000; the
+    W8A8 / W4A8 linears of the mode): int8 x int8 -> int32 by torch._int_mm on a CPU with int8 dot
+    products, else one fp64 GEMM (every partial sum an integer below 2^53): the same integers."""
+    if xq.device.type == "cpu" and gemm.INT8_DOT:
+        return gemm.int8_mm(xq, w)
+    return (xq.double() @ w.double().T).to(torch.int32)
+
+
 # -- the fixed reduction tree ----------------------------------------------------------------------------
 def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
     """Sum over `dim` by a fixed tree: zero-pad to P = 2^ceil(log2 n), then add adjacent pairs
@@ -342,6 +351,74 @@ def sin(x: torch.Tensor) -> torch.Tensor:
 
 def cos(x: torch.Tensor) -> torch.Tensor:
     return _sincos64(x.double())[1].to(x.dtype)
+
+
+# -- RoPE's cos / sin without fp64: the angle in exact integer turns ------------------------------------
+TURN_BITS = 62  # an angle is a fraction of a turn in units of 2^-62
+POSITION_MAX = 1 << 24  # positions below it: p F_i splits into two products below 2^55
+_PI_50 = "3.14159265358979323846264338327950288419716939937510"
+_rope_turns: dict[tuple[int, float, str], torch.Tensor] = {}
+
+
+def _turns_per_position(dim: int, theta: float) -> list[int]:
+    """F_i = round(w_i / (2 pi) 2^62), w_i = theta^(-2i / dim), i < dim / 2: computed once on the host in
+    50-digit decimal arithmetic (libmpdec: integer arithmetic, the same digits on every machine; its
+    power is correctly rounded but for values within 1e-50 of a rounding boundary), rounded once."""
+    import decimal
+
+    ctx = decimal.Context(prec=50, rounding=decimal.ROUND_HALF_EVEN)
+    two_pi = ctx.multiply(decimal.Decimal(2), decimal.Decimal(_PI_50))
+    base = decimal.Decimal(repr(float(theta)))
+    out = []
+    for i in range(dim // 2):
+        w = ctx.power(base, ctx.divide(decimal.Decimal(-2 * i), decimal.Decimal(dim)))
+        out.append(
+            int(ctx.multiply(ctx.divide(w, two_pi), decimal.Decimal(2**TURN_BITS)).to_integral_value())
+        )
+    return out
+
+
+def _sin_cos_octant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """sin x, cos x for fp32 x in [0, pi/4]: Taylor to x^9 / 9! and x^10 / 10! by Horner in fp32 (the first
+    terms left out are below 2^-27 there)."""
+    x2 = x * x
+    s = torch.full_like(x, 1.0 / math.factorial(9))
+    for i in (7, 5, 3):
+        s = s * x2 + (-1) ** ((i - 1) // 2) / math.factorial(i)
+    c = torch.full_like(x, -1.0 / math.factorial(10))
+    for i in (8, 6, 4, 2, 0):
+        c = c * x2 + (-1) ** (i // 2) / math.factorial(i)
+    return x + x * x2 * s, c
+
+
+def rope_cos_sin(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, dim / 2] fp32 of the angles p w_i (SPEC 12 RoPE), with no fp64: the angle in turns,
+    (p F_i) mod 2^62 (`_turns_per_position`), in exact int64 products (p < 2^24: F = Fh 2^31 + Fl, each
+    product below 2^55); the quadrant from its top two bits; the rest folded to at most an eighth of a
+    turn, turned into radians in fp32 from two exact 24-bit parts; sin and cos there by fixed Taylor
+    polynomials; the quadrant's signs and swap. Within a few fp32 ulp of the true cos / sin."""
+    key = (dim, float(theta), str(positions.device))
+    f = _rope_turns.get(key)
+    if f is None:
+        f = torch.tensor(_turns_per_position(dim, theta), dtype=torch.int64).to(positions.device)
+        _rope_turns[key] = f
+    p = positions.to(torch.int64)[:, None]
+    low31 = (1 << 31) - 1
+    turns = (((p * (f >> 31)) & low31) << 31) + p * (f & low31)
+    turns = turns & ((1 << TURN_BITS) - 1)
+    quadrant = turns >> (TURN_BITS - 2)
+    g = turns & ((1 << (TURN_BITS - 2)) - 1)  # the angle inside its quadrant, in 2^-62 turns
+    half = 1 << (TURN_BITS - 3)
+    upper = g > half  # past an eighth of a turn: the complement, sin and cos swapped
+    g = torch.where(upper, 2 * half - g, g)  # <= 2^59
+    # radians = g 2^-62 2 pi: g's top 24 bits and the next 24, each exactly an fp32
+    scale = 2.0 * math.pi * 2.0**-TURN_BITS
+    x = (g >> 35).float() * (scale * 2.0**35) + ((g >> 11) & ((1 << 24) - 1)).float() * (scale * 2.0**11)
+    s, c = _sin_cos_octant(x)
+    s, c = torch.where(upper, c, s), torch.where(upper, s, c)
+    sin = torch.where(quadrant == 0, s, torch.where(quadrant == 1, c, torch.where(quadrant == 2, -s, -c)))
+    cos = torch.where(quadrant == 0, c, torch.where(quadrant == 1, -s, torch.where(quadrant == 2, -c, s)))
+    return cos, sin
 
 
 def pow_scalar(base: float, x: torch.Tensor) -> torch.Tensor:

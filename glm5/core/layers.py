@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from backends.invariant import engine as invariant
+
 if TYPE_CHECKING:
     from glm5.core.attention import Step
 
@@ -27,7 +29,10 @@ class RMSNorm(nn.Module):
 
 
 def rope_angles(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, dim // 2] fp32 for int positions [T] (plain RoPE, no scaling)."""
+    """cos, sin [T, dim // 2] fp32 for int positions [T] (plain RoPE, no scaling). In the layout-invariant
+    mode the angles are exact integer turns, with no fp64 (SPEC 12: `rope_cos_sin`)."""
+    if invariant.active():
+        return invariant.rope_cos_sin(positions, dim, theta)
     inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
     ang = positions.to(torch.float64)[:, None] * inv_freq[None, :]
     return ang.cos().float(), ang.sin().float()

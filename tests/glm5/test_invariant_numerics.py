@@ -218,3 +218,45 @@ def test_fp32_and_narrower_transcendentals_never_widen_to_fp64(monkeypatch):
     exp32 = outs[torch.float32][0]
     assert _ulps(exp32, torch.exp(x.double()).float()) <= 1  # subnormal results and overflow included
     assert _ulps(logs[:-4], torch.log(x.abs().double()).float()[:-4]) <= 2
+
+
+def test_ropes_cos_and_sin_from_integer_turns_are_within_a_few_ulp_and_use_no_fp64():
+    """SPEC 12 RoPE: the angle p w_i as exact integer turns, then fp32 only. Against fp64 cos / sin of the
+    same angles at GLM-5's rope width and theta, up to and past its 202,752 positions; position 0 exact."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Dtypes(TorchDispatchMode):
+        seen: set = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.seen.add(t.dtype)
+            return out
+
+    pos = torch.cat([torch.arange(0, 4096), torch.randint(0, 1 << 24, (8192,), generator=_g(11))])
+    pos[-1] = (1 << 24) - 1
+    for dim, theta in ((64, 1e6), (64, 1e4), (16, 10_000.0)):
+        num.rope_cos_sin(pos[:1], dim, theta)  # the host's constants, made once
+        with Dtypes() as seen:
+            cos, sin = num.rope_cos_sin(pos, dim, theta)
+        assert torch.float64 not in seen.seen and cos.dtype == sin.dtype == torch.float32
+        inv = 1.0 / torch.tensor(theta, dtype=torch.float64) ** (torch.arange(0, dim, 2).double() / dim)
+        ang = pos.double()[:, None] * inv[None, :]
+        assert (cos.double() - ang.cos()).abs().max() < 2.5e-7  # about 4 fp32 ulp at 1
+        assert (sin.double() - ang.sin()).abs().max() < 2.5e-7
+        small = (ang > 0) & (ang < 1e-2)  # sin's relative error where it is small
+        assert ((sin.double() - ang.sin()).abs() / ang.sin())[small].max() < 5e-7
+        assert cos[0].eq(1).all() and sin[0].eq(0).all()
+
+
+def test_the_model_takes_ropes_integer_turns_in_the_mode():
+    from glm5.core.layers import rope_angles
+
+    pos = torch.arange(0, 300)
+    with layout_invariant():
+        inv = rope_angles(pos, 64, 1e6)
+    normal = rope_angles(pos, 64, 1e6)
+    assert all(torch.equal(a, b) for a, b in zip(inv, num.rope_cos_sin(pos, 64, 1e6)))
+    assert not torch.equal(inv[1], normal[1])  # the normal mode's fp64 table: other low bits
