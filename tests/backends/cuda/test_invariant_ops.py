@@ -116,6 +116,21 @@ def test_indexer_topk_and_logits(cuda, ref, device, launches, block_size, ints):
     assert torch.equal(normal, want) == ints  # random logits: the normal mode's sum order shows
 
 
+@pytest.mark.parametrize("block_size", [None, 4])
+def test_requests_without_keys(cuda, ref, device, block_size):
+    """A request with no key at all (its block-table row unused): out 0 and lse -inf, indices -1."""
+    q, cache, idx, layout = attention_cases.make(
+        [2, 2], [20, 0], heads=2, d_qk=16, topk=8, block_size=block_size
+    )
+    got, want, _ = _runs(
+        cuda, ref, device, "sparse_mla_attention", q, cache, idx, layout, 0.0625, 8, normal=False
+    )
+    assert _equal(got, want) and torch.isneginf(got[1][2:]).all()
+    q, cache, w, layout = indexer_cases.make([2, 3], [0, 5], h_i=2, d_i=8, block_size=block_size)
+    got, want, _ = _runs(cuda, ref, device, "indexer_topk", q, cache, w, layout, 8, normal=False)
+    assert torch.equal(got, want) and (got[:2] == -1).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grouped_matmul_float(cuda, ref, device, dtype):
     """An empty expert, and rows past the last offset (no expert: zeros)."""
