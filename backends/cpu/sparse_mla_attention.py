@@ -9,9 +9,9 @@ per query block, the probabilities are recomputed from one more gather and GEMM 
 dS = P * (dP - sum_j P dP) + P * dlse, then dq and the gathered rows' dK / dV, summed into dkv with
 index_add_ (sequential on the CPU: deterministic). The forward itself never records autograd.
 
-In the layout-invariant mode (SPEC 12) the same blocks, gathers and threads run `exact_attention`:
-exact scores, the fixed-tree log-sum-exp and the formula exp, exact probabilities x values (the bits the
-SPEC writes down, so the reference's too).
+In the layout-invariant mode (SPEC 12) the same blocks, gathers and threads run `exact_attention`
+(backends/invariant/attention.py): exact scores, the fixed-tree log-sum-exp and the formula exp, exact
+probabilities x values (the bits the SPEC writes down, so the reference's too).
 """
 
 from __future__ import annotations
@@ -27,20 +27,11 @@ from backends.cpu._parallel import run_blocks
 from backends.cpu._workspace import buffer
 from backends.cpu.fp8_sparse_mla_attention import IMPL as FP8_ATTENTION
 from backends.invariant import engine as invariant
+from backends.invariant.attention import exact_attention
 from backends.layout import SeqLayout
 
 # Bound the gathered [tq, topk, d_qk] keys (elements): 4M fp32 = 16 MiB, a few queries at topk 2048.
 GATHER_ELEMS = 1 << 22
-
-
-def exact_attention(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, d_v: int, sm_scale: float):
-    """SPEC 12: q [tq, H, d_qk] fp32 (unscaled), keys [tq, n, d_qk] (invalid rows zero) ->
-    (out [tq, H, d_v] fp32, lse [tq, H]), every (token, head) from its own row only."""
-    p = invariant.exact_matmul(q, keys.transpose(1, 2)) * sm_scale
-    p.masked_fill_(~valid[:, None, :], float("-inf"))
-    lse = invariant.logsumexp(p, -1)
-    prob = invariant.exp(p - torch.where(torch.isneginf(lse), 0.0, lse)[..., None])
-    return invariant.exact_matmul(prob, keys[..., :d_v]), lse
 
 
 def _gathered(cache: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

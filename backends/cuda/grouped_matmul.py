@@ -3,6 +3,11 @@
 The float variant never uses TF32 for fp32 inputs. Quantized variants decline accumulators that could
 overflow int32, as w8a8_matmul / w4a8_matmul do. The float variant is differentiable in x and w
 (`backward`: two launches, no host read; dx reads w through a transposed view, no re-layout).
+
+In the layout-invariant mode (SPEC 12) the float variant is one exact product per non-empty expert on the
+Triton engine (a row's grid is its own, so neither the expert's other rows nor the row count enters): one
+host read of the offsets, as the reference. The quantized variants are unchanged there: their integer
+dots are exact and each row's epilogue its own, bitwise the reference's in both modes.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ import torch
 from backends.caps import OpCaps, OpImpl
 from backends.contract.limits import Limit
 from backends.contract.ops import FLOATS
+from backends.cuda._invariant import ENGINE
 from backends.cuda._tiles import SHARED_TILE_NOTE, SHARED_TILE_ROWS_INVARIANT
 from backends.cuda.w4a8_matmul import MAX_GROUP
 from backends.cuda.w8a8_matmul import MAX_K
+from backends.invariant import engine as invariant
 
 LIMITS = (
     Limit("K", max=MAX_K, reason="an int32 accumulator of int8 products may overflow", when=("w8a8",)),
@@ -38,9 +45,21 @@ def grouped_matmul(
     """
     from kernels_cuda.grouped_matmul import grouped_matmul as kernel
 
+    if x.dtype.is_floating_point and invariant.active():
+        return _exact(x, w, group_offsets, out_dtype or x.dtype)
     return kernel(
         x, w, group_offsets, None if x_scale is None else x_scale.contiguous(), w_scale, group_size, out_dtype
     )
+
+
+def _exact(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.zeros((x.shape[0], w.shape[1]), dtype=dtype, device=x.device)  # rows of no expert: 0
+    offs = group_offsets.tolist()
+    for e in range(w.shape[0]):
+        if offs[e] < offs[e + 1]:
+            r = slice(offs[e], offs[e + 1])
+            out[r] = invariant.exact_matmul(x[r], w[e].T, dtype, weight=True, engine=ENGINE)
+    return out
 
 
 def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,6 +79,7 @@ IMPL = OpImpl(
         differentiable=True,
         notes={"launches": "one for all experts (backward: two)", **SHARED_TILE_NOTE},
         batch_invariant=SHARED_TILE_ROWS_INVARIANT,
+        layout_invariant=True,
     ),
     backward=backward,
 )

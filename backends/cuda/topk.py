@@ -1,7 +1,9 @@
 """cuda backend: topk (SPEC 2.3) -> kernels_cuda.topk, a deterministic threshold-select kernel.
 
 Claims the lower-index tie rule bitwise: the selected set and order are a function of the values only
-(counts, in-order cumulative sums and a sort of unique (value, index) composites; no atomics).
+(counts, in-order cumulative sums and a sort of unique (value, index) composites; no atomics). A row's
+result is a function of that row alone (the rows sharing a program keep their own buffers), so it is the
+same in the layout-invariant mode (SPEC 12), which it therefore declares.
 """
 
 from __future__ import annotations
@@ -35,5 +37,6 @@ IMPL = OpImpl(
         run_to_run=True,
         batch_invariant=True,
         tie_rule="lower_index",
+        layout_invariant=True,  # comparisons only
     ),
 )
