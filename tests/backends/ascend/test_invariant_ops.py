@@ -180,12 +180,14 @@ def test_topk_is_the_references_selection(backend, reference):
 # -- the model -----------------------------------------------------------------------------------------------
 def test_the_tiny_model_in_the_mode_is_the_references_bits():
     """Logits and every layer's indexer top-k of the tiny preset (weights with many equal products and
-    near-ties at the top-k cut) in the mode: the ascend backend's are the reference backend's; the normal
-    mode's are not."""
-    from tests.glm5.test_invariant_layouts import _forward, _ids, _model, _same
+    near-ties at the top-k cut) in the mode: the ascend backend's are the reference backend's, batch 2 and
+    a row's prefill + decode on the backend's own cache alike; the normal mode's are not."""
+    from tests.glm5.test_invariant_layouts import _decoded, _forward, _ids, _model, _same
 
     ids = _ids()[:2]
     want = _forward(_model("reference"), ids, True)
     model = _model("ascend")
     assert _same(_forward(model, ids, True), want)
     assert not _same(_forward(model, ids, False), want)
+    one = _decoded(model, ids[1:], 37, True)  # 37 tokens prefilled, then 3 decode steps
+    assert _same(one, (want[0][1:], [t[40:] for t in want[1]]))
