@@ -17,6 +17,11 @@ Which file serves which op (backends/ascend/<op>.py: capabilities, reasons, adap
 The operators are reached through one `OpsProvider` (_provider.py): torch_npu on an NPU, or, only when
 GLM5_ASCEND_EMULATE=1, CPU EMULATIONS written from the operators' documentation (emulation/), with the
 kernels in triton-ascend's interpreter (TRITON_INTERPRET=1). Every report carries which one ran.
+
+In the layout-invariant mode (SPEC 12) the fused operators have no exact mode: sparse_mla_attention,
+indexer_topk, float grouped_matmul and silu_and_mul compose torch ops with the exact product on the
+"ascend" engine (kernels_ascend.invariant_gemm: int8 digit products, int32 level sums), as each op's
+file says.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ operator, whose k-major weight [E, K', N'] an unprepared w [E, N, K] already is 
 expert; dw[e] = dy[rows of e]^T @ x[rows of e] by one kernels_ascend GEMM per non-empty expert on strided
 views (the operator's MoE form groups along M only, so the offsets are read on the host, as the
 per-expert forward route does).
+In the layout-invariant mode (SPEC 12) the operator does not run (it has no exact mode): float experts are
+one exact product each on the "ascend" engine (kernels_ascend.invariant_gemm: int8 digit products in
+int32), any row count giving the same bits; quantized ones take the per-expert kernels (int8 x int8 ->
+int32, exact in any order, then each element's fp32 epilogue).
 Semantics: backends/reference/grouped_matmul.py (SPEC 2.8)
 """
 
@@ -29,6 +33,7 @@ from backends.ascend._prepared import k_major
 from backends.ascend._provider import BATCH_INVARIANT, GMM_MAX_DIM, GMM_MAX_GROUPS, OpsProvider
 from backends.caps import OpCaps, OpImpl
 from backends.contract.ops import FLOATS
+from backends.invariant import engine as invariant
 from backends.moe.dispatch import zero_padding_rows
 
 OP = "npu_grouped_matmul"
@@ -131,6 +136,21 @@ def _per_expert(provider: OpsProvider, x, w, group_offsets, x_scale, w_scale, gr
     return out
 
 
+def _exact_experts(provider: OpsProvider, x, w, group_offsets, out_dtype) -> torch.Tensor:
+    """The mode's float route: out[rows of e] = exact(x[rows of e], w[e]^T), rounded once to out_dtype."""
+    provider.record(
+        "grouped_matmul", "layout-invariant: " + provider.kernel_label("invariant_gemm") + " per expert"
+    )
+    out_dtype = out_dtype or x.dtype
+    out = torch.zeros((x.shape[0], w.shape[1]), dtype=out_dtype, device=x.device)
+    offs = group_offsets.tolist()
+    for e in range(w.shape[0]):
+        if offs[e + 1] > offs[e]:
+            r = slice(offs[e], offs[e + 1])
+            out[r] = invariant.exact_matmul(x[r], w[e].T, out_dtype, weight=True, engine="ascend")
+    return out
+
+
 def k_major_experts(provider: OpsProvider, w: torch.Tensor) -> torch.Tensor:
     """The operator's [E, K, N] weight: a view of a weight `prepare`d K-major, else a copy (counted)."""
     wt = w.transpose(1, 2)
@@ -142,7 +162,9 @@ def k_major_experts(provider: OpsProvider, w: torch.Tensor) -> torch.Tensor:
 
 def impl(provider: OpsProvider) -> OpImpl:
     def grouped_matmul(x, w, group_offsets, x_scale=None, w_scale=None, group_size=None, out_dtype=None):
-        if operator_reasons(x, w, group_size, out_dtype):
+        if invariant.active() and x.dtype.is_floating_point:
+            return _exact_experts(provider, x, w, group_offsets, out_dtype)
+        if invariant.active() or operator_reasons(x, w, group_size, out_dtype):
             return _per_expert(provider, x, w, group_offsets, x_scale, w_scale, group_size, out_dtype)
         if x.dtype.is_floating_point:
             provider.record("grouped_matmul", provider.label(OP))
@@ -212,6 +234,7 @@ def impl(provider: OpsProvider) -> OpImpl:
             batch_invariant=BATCH_INVARIANT,
             check=check,
             differentiable=True,
+            layout_invariant=True,  # the mode: exact products per float expert, the quantized kernels
             notes={
                 "operator": "bf16/fp16 float or bf16/fp16-output W8A8 / "
                 "per-channel W4A8, <= 1024 experts, K, N < 65536; "

@@ -17,6 +17,11 @@ past K') are recomputed exactly by the triton-ascend kernels (indexer_logits + t
 
 Inputs the operator cannot take (fp32, D_I != 128, too many heads, odd block sizes, topk > 8192) go to
 the same kernels, one block of ROW_BLOCK queries at a time, so memory stays O(ROW_BLOCK * S).
+
+In the layout-invariant mode (SPEC 12) the operator does not run (it has no exact mode): per block of
+ROW_BLOCK queries, the logits are weighted_sum(weights, relu(exact(q, K^T))) with the exact product on the
+"ascend" engine (kernels_ascend.invariant_gemm) and the fixed tree over heads, as the reference's in the
+mode, then kernels_ascend.topk selects by the rule (comparisons only: lower index on ties).
 Semantics: backends/reference/indexer_topk.py (SPEC 2.2)
 """
 
@@ -37,6 +42,7 @@ from backends.ascend.indexer_logits import ROW_BLOCK, kernel_logits
 from backends.caps import OpCaps, OpImpl
 from backends.contract.limits import Limit
 from backends.contract.ops import FLOATS
+from backends.invariant import engine as invariant
 from backends.layout import SeqLayout
 
 OP = "npu_lightning_indexer"
@@ -44,6 +50,8 @@ OP = "npu_lightning_indexer"
 TIE_TOL = 1e-4
 #: queries per block when recomputing candidate scores
 SCORE_BLOCK = 64
+#: keys per exact product in the mode: bounds its [ROW_BLOCK * H_I, chunk] level sums
+KEY_CHUNK = 2048
 #: the route past the operator's limits: another cost class
 FALLBACK = (
     "triton-ascend indexer_logits over the whole [rows, S] logits (ROW_BLOCK rows at a time), selected by "
@@ -156,9 +164,48 @@ def kernel_topk_rows(q, k_cache, weights, layout: SeqLayout, topk: int, rows: to
     return out
 
 
+def exact_logits(
+    q, k_cache, weights, layout: SeqLayout, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPEC 12's logits of `tokens` (int64 [n]): ([n, max seqlen_k] fp32, -inf past the causal keys;
+    visible int32 [n]), sum_h w[t, h] relu(exact(q[t, h], K_j)) by `weighted_sum`'s fixed tree."""
+    rows, _ = ad.physical_rows(layout, k_cache)  # every request's keys, request by request
+    t_req = ad.token_request(layout)[tokens]
+    visible = ad.causal_visible(layout)[tokens]
+    flat = k_cache.reshape(-1, k_cache.shape[-1])
+    n, h, d = tokens.shape[0], q.shape[1], q.shape[2]
+    out = torch.full((n, layout.seqlen_k_max()), float("-inf"), device=q.device)
+    start = 0
+    for b, (_, _, s) in enumerate(layout.request_bounds()):
+        mine = (t_req == b).nonzero()[:, 0]
+        tok = tokens[mine]
+        for c0 in range(0, s if mine.numel() else 0, KEY_CHUNK):  # each key's column is its own: any chunk
+            c1 = min(c0 + KEY_CHUNK, s)
+            keys = flat[rows[start + c0 : start + c1]].float()  # [chunk, D_I]
+            dots = invariant.exact_matmul(q[tok].float().reshape(-1, d), keys.T, engine="ascend").relu_()
+            scores = invariant.weighted_sum(weights[tok].float(), dots.view(-1, h, c1 - c0))  # [n_b, chunk]
+            causal = torch.arange(c0, c1, device=q.device)[None, :] < visible[mine, None]
+            out[mine, c0:c1] = scores.masked_fill(~causal, float("-inf"))
+        start += s
+    return out, visible
+
+
 def impl(provider: OpsProvider) -> OpImpl:
     def indexer_topk(q, k_cache, weights, layout, topk):
         t = q.shape[0]
+        if invariant.active():
+            from kernels_ascend.topk import topk as kernel_topk
+
+            provider.record(
+                "indexer_topk", "layout-invariant: " + provider.kernel_label("invariant_gemm + topk")
+            )
+            out = torch.full((t, topk), -1, dtype=torch.int32, device=q.device)
+            for a in range(0, t, ROW_BLOCK):
+                logits, visible = exact_logits(
+                    q, k_cache, weights, layout, torch.arange(a, min(a + ROW_BLOCK, t), device=q.device)
+                )
+                out[a : a + ROW_BLOCK] = kernel_topk(logits, topk, visible)[1]
+            return out
         if operator_reasons(provider, q, k_cache, topk):
             provider.record("indexer_topk", provider.kernel_label("indexer_logits + topk"))
             return kernel_topk_rows(q, k_cache, weights, layout, topk, torch.arange(t))
@@ -178,6 +225,7 @@ def impl(provider: OpsProvider) -> OpImpl:
             ("ragged", "paged"),
             batch_invariant=BATCH_INVARIANT,
             tie_rule="lower_index",
+            layout_invariant=True,  # the mode's route: exact logits, then the kernel's comparisons
             limits=(
                 Limit("index_heads", max=64, reason=HEADS_REASON),
                 Limit(

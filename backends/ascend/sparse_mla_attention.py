@@ -26,6 +26,12 @@ Conversions (each in backends/ascend/_adapters.py):
 - a row with no valid index: out = 0, lse = -inf (the operator leaves it undefined).
 Other shapes (the operator fixes D = 512, Dr = 64), fp32 and head counts past the SoC's set go to
 kernels_ascend.sparse_mla_attention, with logical indices turned into physical rows (-1 = skip).
+
+In the layout-invariant mode (SPEC 12) neither the operator nor the kernel runs (npu_sparse_flash_attention
+has no exact mode): per block of query tokens, the named rows are gathered (`kernel_rows`; split pools
+joined) and `exact_attention` composes torch ops with the exact product on the "ascend" engine
+(kernels_ascend.invariant_gemm: int8 digit products in int32): exact scores scaled after the product,
+-inf where invalid, the fixed-tree log-sum-exp, the formula exp, exact probabilities x values.
 Semantics: backends/reference/sparse_mla_attention.py (SPEC 2.4)
 """
 
@@ -39,6 +45,8 @@ from backends.ascend._soc import BLOCK_MULTIPLE, MAX_BLOCK
 from backends.cache_layout import MLACacheLayout, MLAPools
 from backends.caps import OpCaps, OpImpl
 from backends.contract.ops import FLOATS
+from backends.invariant import engine as invariant
+from backends.invariant.attention import exact_attention
 
 OP = "npu_sparse_flash_attention"
 D_NOPE, D_ROPE = 512, 64
@@ -76,6 +84,31 @@ def kernel_rows(layout, kv_cache: torch.Tensor, indices: torch.Tensor) -> torch.
     return torch.where(valid, rows, -1).to(torch.int32)
 
 
+#: the mode's gathered [tq, topk, d_qk] fp32 keys per block of query tokens (elements)
+EXACT_GATHER_ELEMS = 1 << 22
+
+
+def exact_route(q, kv_cache, indices, layout, sm_scale: float, d_v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPEC 12's attention (out [T, H, d_v] dtype of q, lse fp32 [T, H]): each block of query tokens'
+    named rows gathered as fp32 (invalid ones zero), then `exact_attention` on the "ascend" engine."""
+    t, h, d_qk = q.shape
+    n = indices.shape[1]
+    out = torch.zeros((t, h, d_v), device=q.device)
+    lse = torch.full((t, h), float("-inf"), device=q.device)
+    if n == 0 or kv_cache.shape[:-1].numel() == 0:  # no key to read: every row empty
+        return out.to(q.dtype), lse
+    rows = kernel_rows(layout, kv_cache, indices)  # [T, topk] physical rows, -1 where invalid
+    valid = rows >= 0
+    step = max(1, EXACT_GATHER_ELEMS // (n * d_qk))
+    for a in range(0, t, step):
+        z = min(a + step, t)
+        r = rows[a:z].clamp(min=0).reshape(-1).to(torch.int64)
+        keys = kv_cache.rows(r) if isinstance(kv_cache, MLAPools) else kv_cache.reshape(-1, d_qk)[r]
+        keys = keys.view(z - a, n, d_qk).float().masked_fill(~valid[a:z, :, None], 0)
+        out[a:z], lse[a:z] = exact_attention(q[a:z].float(), keys, valid[a:z], d_v, sm_scale, engine="ascend")
+    return out.to(q.dtype), lse
+
+
 def _compaction_cheaper(layout, t: int, k: int) -> bool:
     """Whole-request packing copies sum(seqlens_k) rows, selected rows T * K: pick the smaller. Decided
     from host ints where they settle it (max_seqlen_k), else from the layout's host copy."""
@@ -86,6 +119,12 @@ def _compaction_cheaper(layout, t: int, k: int) -> bool:
 
 def impl(provider: OpsProvider) -> OpImpl:
     def sparse_mla_attention(q, kv_cache, indices, layout, sm_scale, d_v, return_lse=True):
+        if invariant.active():
+            provider.record(
+                "sparse_mla_attention", "layout-invariant: " + provider.kernel_label("invariant_gemm")
+            )
+            out, lse = exact_route(q, kv_cache, indices, layout, sm_scale, d_v)
+            return out, (lse if return_lse else None)
         if operator_reasons(provider, q, d_v):
             from kernels_ascend.sparse_mla_attention import sparse_mla_attention as kernel
 
@@ -170,6 +209,7 @@ def impl(provider: OpsProvider) -> OpImpl:
             FLOATS,
             ("ragged", "paged", "pools"),
             batch_invariant=BATCH_INVARIANT,
+            layout_invariant=True,  # the mode's route: exact_attention on the "ascend" engine
             notes={
                 "operator": "bf16/fp16, d_qk=576, d_v=512, heads padded "
                 "to the SoC's set; otherwise the kernel",

@@ -27,6 +27,7 @@ def impl(provider: OpsProvider) -> OpImpl:
         OpCaps(
             FLOATS,
             tie_rule="lower_index",
+            layout_invariant=True,  # comparisons only: each row's result is its own, in any mode
             notes={
                 "cost": "per row 19 (bf16) to 35 (fp32) 1-D passes over C keys plus k^2 compares "
                 "(no tl.sort on Ascend: a bitwise threshold search, then rank counting of the k kept)"

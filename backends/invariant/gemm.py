@@ -3,10 +3,11 @@ column of B, the integer product P = A_q B_q computed exactly, and the one round
 
 - `to_grid`: round_half_even(x 2^(t - e)) as int32, e the row's (column's) exponent, t `grid_bits(K)`.
 - `digits`: a grid value as four signed int8 digits (base 2^7, |d| <= 64).
-- `int_product`: P exactly, as int64, by one of four engines that give the same integers: "int8" (the
+- `int_product`: P exactly, as int64, by one of five engines that give the same integers: "int8" (the
   16 digit pairs by int8 x int8 -> int32, torch._int_mm), "triton" (the same pairs by int8 `tl.dot` in a
-  Triton kernel: GPUs), "fp64" (two fp64 GEMMs whose partial sums are integers below 2^53) and "int64"
-  (a plain integer matmul). `ENGINE` is this process's choice.
+  Triton kernel: GPUs), "ascend" (the seven level sums by a triton-ascend kernel's int8 `tl.dot`, combined
+  in int64 by torch ops: Ascend NPUs, no fp64), "fp64" (two fp64 GEMMs whose partial sums are integers
+  below 2^53) and "int64" (a plain integer matmul). `ENGINE` is this process's choice.
 - `round_scaled`: P 2^n rounded once to nearest even to the output dtype, in integer operations.
 """
 
@@ -158,6 +159,23 @@ def _triton_product(a_q: torch.Tensor, b_digits_t: torch.Tensor) -> torch.Tensor
     return out.view(batch + out.shape[-2:])
 
 
+def _ascend_product(a_q: torch.Tensor, b_digits: torch.Tensor) -> torch.Tensor:
+    """P = a_q @ b_q exactly, as int64, from the triton-ascend kernel's seven int32 level sums (one launch
+    for every batch entry; kernels_ascend/invariant_gemm.py), combined by torch ops in int64:
+    P = sum_l S_l 2^(7 (6 - l)) by Horner's rule (no fp64: the NPU's cube has none). An NPU's tensors, or
+    CPU tensors under TRITON_INTERPRET=1 with triton-ascend installed."""
+    from kernels_ascend.invariant_gemm import level_sums  # triton-ascend: the ascend backend's dependency
+
+    batch = torch.broadcast_shapes(a_q.shape[:-2], b_digits.shape[:-3])
+    a_q = a_q.expand(batch + a_q.shape[-2:]).reshape(-1, *a_q.shape[-2:])
+    b = b_digits.expand(batch + b_digits.shape[-3:]).reshape(-1, *b_digits.shape[-3:])  # a view if it can
+    sums = level_sums(digits(a_q), b, SLICE_BITS)  # int32 [Bt, 7, M, N]
+    p = sums[:, 0].to(torch.int64)
+    for level in range(1, 2 * SLICES - 1):
+        p = (p << SLICE_BITS).add_(sums[:, level])
+    return p.view(batch + p.shape[-2:])
+
+
 def halves(q: torch.Tensor) -> torch.Tensor:
     """Integer-valued q (fp32 or fp64, |q| <= 2^27) -> fp64 [2, ...]: h = round_half_even(q 2^-14) and
     l = q - h 2^14 (|l| <= 2^13), every step exact in q's own float type."""
@@ -180,8 +198,8 @@ def _fp64_product(hl: torch.Tensor, b_d: torch.Tensor, t: int) -> torch.Tensor:
 
 def b_form(b_q: torch.Tensor, engine: str) -> torch.Tensor:
     """b's grid [..., K, N] in the form `engine` multiplies: fp64 integers, int64, int8 digits side by side
-    along K, least significant first ([..., N, S Kp], "int8": `_level_sums`), or int8 digits stacked on N
-    and transposed ([..., S N, K], "triton")."""
+    along K, least significant first ([..., N, S Kp], "int8": `_level_sums`), int8 digits stacked on N
+    and transposed ([..., S N, K], "triton") or transposed per digit ([..., S, N, K], "ascend")."""
     if engine == "fp64":
         return b_q.double()
     if engine == "int64":
@@ -195,22 +213,25 @@ def b_form(b_q: torch.Tensor, engine: str) -> torch.Tensor:
         for i, x in enumerate(flat):
             blocks[i] = _digit_blocks(x, reverse=True)
         return blocks.view(*b_t.shape[:-1], -1)
-    d = digits(b_t)  # [S, ..., N, K]
-    return d.movedim(0, -3).flatten(-3, -2).contiguous()
+    d = digits(b_t).movedim(0, -3)  # [..., S, N, K]
+    return d.contiguous() if engine == "ascend" else d.flatten(-3, -2).contiguous()
 
 
 def int_product(a_q: torch.Tensor, b: torch.Tensor, engine: str, t: int) -> torch.Tensor:
     """The exact integer product P = a_q @ b_q (int32 grids of t bits; b in `b_form`) as int64, by
     `engine`:
     "int8" (int8 digit products, int8 x int8 -> int32 by torch._int_mm), "triton" (the same digit
-    products by a Triton kernel's int8 `tl.dot`), "fp64" (two fp64 GEMMs of exact integer partial sums)
-    or "int64" (the plain integer matmul). All four are the same integers."""
+    products by a Triton kernel's int8 `tl.dot`), "ascend" (the level sums by a triton-ascend kernel's
+    int8 `tl.dot`), "fp64" (two fp64 GEMMs of exact integer partial sums) or "int64" (the plain integer
+    matmul). All five are the same integers."""
     if engine == "fp64":
         return _fp64_product(halves(a_q.double()), b, t)
     if engine == "int64":
         return torch.matmul(a_q.to(torch.int64), b)
     if engine == "triton":
         return _triton_product(a_q, b)
+    if engine == "ascend":
+        return _ascend_product(a_q, b)
     if a_q.dim() == 2 and b.dim() == 2:
         return _int8_product(a_q, b)
     batch = torch.broadcast_shapes(a_q.shape[:-2], b.shape[:-2])
@@ -360,7 +381,7 @@ def _int8_dot() -> bool:
 
 
 GEMM_ENV = "GLM5_INVARIANT_GEMM"
-ENGINES = ("int8", "fp64", "int64", "triton")
+ENGINES = ("int8", "fp64", "int64", "triton", "ascend")
 #: the largest K of the one-GEMM fp32 form (certified.py): about K^1.5 2^-29 of the elements are
 #: undecided (Gaussian data), each an exact dot product of K at about 100x a GEMM's cost per term; above
 #: it two fp64 GEMMs or the int8 digit products are cheaper (docs/performance.md)
@@ -385,7 +406,8 @@ INT8_DOT = hasattr(torch, "_int_mm") and _int8_dot()
 
 def engine_for(device: torch.device, k: int = 0, batched: bool = False) -> str:
     """The engine for a product of length k on `device` (all give the same integers): GLM5_INVARIANT_GEMM
-    when set; else "triton" on a CUDA device (an H200 has about 1/30 the fp64 rate of its int8 one); on a
+    when set; else "triton" on a CUDA device (an H200 has about 1/30 the fp64 rate of its int8 one),
+    "ascend" on an Ascend NPU (its cube unit has no fp64, its vector unit runs int64 as scalar code); on a
     CPU "int8" for a 2-D product with k > ONE_GEMM_K_MAX where the CPU has int8 dot products (there the
     16 digit products by torch._int_mm beat two fp64 GEMMs: docs/performance.md), else "fp64" (one
     certified GEMM below that K; torch._int_mm is 2-D only and, without VNNI, 14-19x slower than an fp32
@@ -394,6 +416,8 @@ def engine_for(device: torch.device, k: int = 0, batched: bool = False) -> str:
         return ENGINE
     if device.type == "cuda":
         return "triton"
+    if device.type == "npu":
+        return "ascend"
     if INT8_DOT and not batched and k > ONE_GEMM_K_MAX:
         return "int8"
     return "fp64"

@@ -1,7 +1,7 @@
 """The layout-invariant mode (SPEC 12): one switch, for serving and training, under which the same weights
 and tokens give the same bits of every logit, indexer top-k set and MoE routing decision at any tensor-
 or expert-parallel layout, batch size and prefill/decode split, on a backend that declares
-`layout_invariant` for its ops (the reference, cpu and cuda backends).
+`layout_invariant` for its ops (the reference, cpu, cuda and ascend backends).
 
     with layout_invariant(model.backend):
         logits = model(ids).logits
@@ -55,7 +55,7 @@ def require(backend) -> None:
         if caps is None or not getattr(caps, "layout_invariant", False):
             raise NotLayoutInvariant(
                 f"backend: {backend.name}'s {op} does not declare layout_invariant, so the layout-invariant "
-                "mode cannot run on it (the reference, cpu and cuda backends can)"
+                "mode cannot run on it (the reference, cpu, cuda and ascend backends can)"
             )
 
 

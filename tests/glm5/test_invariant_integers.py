@@ -124,9 +124,8 @@ def test_the_error_at_glm5_widths_is_inside_the_normal_modes_tolerance(what, m, 
 
 def test_a_bad_gemm_choice_is_one_line(monkeypatch):
     monkeypatch.setenv(gemm.GEMM_ENV, "fp16")
-    with pytest.raises(
-        ValueError, match=r"^GLM5_INVARIANT_GEMM: expected one of int8, fp64, int64, triton, got 'fp16'$"
-    ):
+    expected = r"^GLM5_INVARIANT_GEMM: expected one of int8, fp64, int64, triton, ascend, got 'fp16'$"
+    with pytest.raises(ValueError, match=expected):
         gemm._engine()
     monkeypatch.setenv(gemm.GEMM_ENV, "int8")
     assert gemm._engine() == "int8"

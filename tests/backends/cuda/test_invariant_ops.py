@@ -56,7 +56,7 @@ def test_cuda_declares_the_mode_for_every_op_it_calls(cuda):
     assert all(cuda.capabilities(op).layout_invariant for op in (*OPS, "indexer_logits"))
 
 
-@pytest.mark.parametrize("name", ["ascend", "onnxruntime"])
+@pytest.mark.parametrize("name", ["onnxruntime"])
 def test_a_backend_without_it_is_refused_in_one_line(name):
     backend = registry.loaded(name)
     if backend is None:
