@@ -17,7 +17,7 @@ from glm5.parallel.group import TorchGroup
 from glm5.parallel.invariant import NotLayoutInvariant, layout_invariant
 from quant.fp8 import to_fp8_modules
 from quant.fp8_modules import FP8Linear
-from tests.glm5.test_invariant_layouts import _decoded, _forward, _ids, _model, _same
+from tests.glm5.test_invariant_layouts import _forward, _ids, _model, _same, assert_batch_and_decode_bitwise
 from tests.ranks import run_ranks
 
 #: tiny, widened so every TP 2 split is whole 128-blocks: q_b_proj 4 heads x (56 + 8) rows, o_proj 4 x 64
@@ -51,12 +51,7 @@ def test_fp8_tp2_ep2_is_the_unsplit_bits_in_the_mode(backend):
 
 def test_fp8_batch_and_decode_bitwise_and_the_same_on_both_backends():
     model, ids = _fp8("cpu"), _ids()
-    full = _forward(model, ids, True)
-    one = _forward(model, ids[2:3], True)
-    assert torch.equal(one[0][0], full[0][2])
-    rows = slice(2 * 40, 3 * 40)
-    assert all(torch.equal(a, b[rows]) for a, b in zip(one[1], full[1], strict=True))
-    assert _same(_decoded(model, ids, 24, True), full)
+    full = assert_batch_and_decode_bitwise(model, ids)
     assert _same(_forward(_fp8("reference"), ids, True), full)
     # the FP8 ops of both backends are batch invariant too, so what can fail here is the path: the mode's
     # logits are not the FP8 GEMMs'

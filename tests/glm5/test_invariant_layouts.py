@@ -93,13 +93,19 @@ def _decoded(model, ids, prefix: int, invariant: bool):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_batch_and_prefill_decode_bitwise(backend):
-    model, ids = _model(backend), _ids()
+    assert_batch_and_decode_bitwise(_model(backend), _ids())
+
+
+def assert_batch_and_decode_bitwise(model, ids: torch.Tensor) -> tuple:
+    """In the mode: row 2 alone is its row of the batch of 4 (logits and every layer's top-k rows), and
+    prefill + decode is the prefill-all bits. Returns the batch's (logits, top-k sets)."""
     full = _forward(model, ids, True)
     one = _forward(model, ids[2:3], True)
     assert torch.equal(one[0][0], full[0][2])
     rows = slice(2 * 40, 3 * 40)
     assert all(torch.equal(a, b[rows]) for a, b in zip(one[1], full[1], strict=True))
     assert _same(_decoded(model, ids, 24, True), full)
+    return full
 
 
 def test_the_mode_refuses_a_backend_that_does_not_declare_it():
