@@ -62,9 +62,9 @@ done
 
 # the device benches (on bench/_harness.py's `parse`: --runs, --json) first, then any other bench_*.py with
 # its own defaults, so the device-relevant figures are in before the budget runs low. The CPU-only benches
-# (bench_cpu_*.py, bench_quantize_stream.py) measure this machine's CPU and are left to CPU runs.
+# (bench_cpu_*.py, bench_quantize_stream.py, bench_invariant.py) measure this machine's CPU and are left to CPU runs.
 DEVICE_RE='_harness import .*\bparse\b'
-CPU_ONLY='bench_cpu_|bench_quantize_stream'
+CPU_ONLY='bench_cpu_|bench_quantize_stream|bench_invariant\.py'
 BENCHES=($(grep -lE "$DEVICE_RE" bench/bench_*.py) $(grep -LE "$DEVICE_RE" bench/bench_*.py | grep -vE "$CPU_ONLY"))
 left=${#BENCHES[@]}
 for bench in "${BENCHES[@]}"; do
