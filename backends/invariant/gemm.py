@@ -4,10 +4,11 @@ column of B, the integer product P = A_q B_q computed exactly, and the one round
 - `to_grid`: round_half_even(x 2^(t - e)) as int32, e the row's (column's) exponent, t `grid_bits(K)`.
 - `digits`: a grid value as four signed int8 digits (base 2^7, |d| <= 64).
 - `int_product`: P exactly, as int64, by one of five engines that give the same integers: "int8" (the
-  16 digit pairs by int8 x int8 -> int32, torch._int_mm), "triton" (the same pairs by int8 `tl.dot` in a
-  Triton kernel: GPUs), "ascend" (the seven level sums by a triton-ascend kernel's int8 `tl.dot`, combined
-  in int64 by torch ops: Ascend NPUs, no fp64), "fp64" (two fp64 GEMMs whose partial sums are integers
-  below 2^53) and "int64" (a plain integer matmul). `ENGINE` is this process's choice.
+  16 digit pairs as seven level products, int8 x int8 -> int32 by torch._int_mm), "triton" (the same
+  pairs by int8 `tl.dot` in a Triton kernel: GPUs), "ascend" (the seven level sums by a triton-ascend
+  kernel's int8 `tl.dot`, combined in int64 by torch ops: Ascend NPUs, no fp64), "fp64" (two fp64 GEMMs
+  whose partial sums are integers below 2^53) and "int64" (a plain integer matmul). `engine_for` picks
+  one per product (by device, K and batching); `ENGINE` is GLM5_INVARIANT_GEMM's choice, else fp64.
 - `round_scaled`: P 2^n rounded once to nearest even to the output dtype, in integer operations.
 """
 
