@@ -141,14 +141,7 @@ def _exact_experts(provider: OpsProvider, x, w, group_offsets, out_dtype) -> tor
     provider.record(
         "grouped_matmul", "layout-invariant: " + provider.kernel_label("invariant_gemm") + " per expert"
     )
-    out_dtype = out_dtype or x.dtype
-    out = torch.zeros((x.shape[0], w.shape[1]), dtype=out_dtype, device=x.device)
-    offs = group_offsets.tolist()
-    for e in range(w.shape[0]):
-        if offs[e + 1] > offs[e]:
-            r = slice(offs[e], offs[e + 1])
-            out[r] = invariant.exact_matmul(x[r], w[e].T, out_dtype, weight=True, engine="ascend")
-    return out
+    return invariant.exact_grouped_matmul(x, w, group_offsets, out_dtype or x.dtype, "ascend")
 
 
 def k_major_experts(provider: OpsProvider, w: torch.Tensor) -> torch.Tensor:

@@ -46,20 +46,10 @@ def grouped_matmul(
     from kernels_cuda.grouped_matmul import grouped_matmul as kernel
 
     if x.dtype.is_floating_point and invariant.active():
-        return _exact(x, w, group_offsets, out_dtype or x.dtype)
+        return invariant.exact_grouped_matmul(x, w, group_offsets, out_dtype or x.dtype, ENGINE)
     return kernel(
         x, w, group_offsets, None if x_scale is None else x_scale.contiguous(), w_scale, group_size, out_dtype
     )
-
-
-def _exact(x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    out = torch.zeros((x.shape[0], w.shape[1]), dtype=dtype, device=x.device)  # rows of no expert: 0
-    offs = group_offsets.tolist()
-    for e in range(w.shape[0]):
-        if offs[e] < offs[e + 1]:
-            r = slice(offs[e], offs[e + 1])
-            out[r] = invariant.exact_matmul(x[r], w[e].T, dtype, weight=True, engine=ENGINE)
-    return out
 
 
 def backward(args: dict, outputs: tuple, grad_outputs: tuple) -> tuple[torch.Tensor, torch.Tensor]:

@@ -197,6 +197,22 @@ def exact_matmul(
     return scaled(sum_over(grid_product(a, e[..., None], t, b_side, engine)), e, f, t, dtype)
 
 
+def exact_grouped_matmul(
+    x: torch.Tensor, w: torch.Tensor, group_offsets: torch.Tensor, out_dtype: torch.dtype, engine: str
+) -> torch.Tensor:
+    """The float grouped_matmul in the mode (SPEC 12): out[rows of e] = exact(x[rows of e], w[e]^T) in
+    out_dtype, one exact product per non-empty expert (a row's grid is its own, so neither the expert's
+    other rows nor the row count enters), rows of no expert 0. One host read of the offsets, as the
+    reference's loop over experts."""
+    out = torch.zeros((x.shape[0], w.shape[1]), dtype=out_dtype, device=x.device)
+    offs = group_offsets.tolist()
+    for e in range(w.shape[0]):
+        if offs[e] < offs[e + 1]:
+            r = slice(offs[e], offs[e + 1])
+            out[r] = exact_matmul(x[r], w[e].T, out_dtype, weight=True, engine=engine)
+    return out
+
+
 def int8_product(xq: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """xq int8 [M, K] @ w int8 [N, K]^T exactly, as int32 (|acc| <= 127^2 K < 2^31 for K < 133,000; the
     W8A8 / W4A8 linears of the mode): int8 x int8 -> int32 by torch._int_mm on a CPU with int8 dot
@@ -355,7 +371,6 @@ def cos(x: torch.Tensor) -> torch.Tensor:
 
 # -- RoPE's cos / sin without fp64: the angle in exact integer turns ------------------------------------
 TURN_BITS = 62  # an angle is a fraction of a turn in units of 2^-62
-POSITION_MAX = 1 << 24  # positions below it: p F_i splits into two products below 2^55
 _PI_50 = "3.14159265358979323846264338327950288419716939937510"
 _rope_turns: dict[tuple[int, float, str], torch.Tensor] = {}
 
